@@ -1,0 +1,56 @@
+"""``spade`` command line: dispatch to one module per subcommand, imported lazily.
+
+Each subcommand module exposes ``main(argv: list[str]) -> int`` with its own argparse
+parser. A ``SpadeError`` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from spade_async.errors import SpadeError
+
+COMMANDS = {
+    "env": ("spade_async.envs.cli", "check generated or hand-written environments"),
+    "memory": ("spade_async.memory.cli", "inspect, import and export the environment memory"),
+    "corpus": ("spade_async.corpus_cli", "sample grounding documents from a corpus"),
+    "train": ("spade_async.train_cli", "run SPADE, a baseline or an ablation from a recipe"),
+    "dashboard": ("spade_async.telemetry.cli", "watch a run's metrics in the terminal"),
+    "demo": ("spade_async.demo", "run the demo on the embedded default model"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: spade COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<10} {doc}" for name, (_, doc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"spade: unknown command '{name}'; run 'spade --help' for the list", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("spade_async"):
+            print(f"spade: '{name}' is not implemented yet ({exc.name} is missing)", file=sys.stderr)
+            return 2
+        raise
+    try:
+        return int(module.main(rest) or 0)
+    except SpadeError as exc:
+        print(f"spade {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
