@@ -1,0 +1,136 @@
+"""Rewards and advantages for both roles, as SPADE.md defines them. Pure functions.
+
+Agent: outcome-only reward (the final step's reward clipped to [-1, 1] when the episode
+terminated, else 0; a step timeout scores -0.5), GRPO z-scores over each environment's plays.
+
+Designer: hint-based regret ``max(0, mean R(hint) - mean R(no hint))`` turned into a reward by
+one of the variants below, centred per skill (no std division: small-batch std blows it up),
+negative rewards masked, scaled by the role-balance factor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from spade_async.config import Doc
+
+Variant = Literal["regret", "blend", "solve_rate", "learning_potential", "variance"]
+TIMEOUT_REWARD = -0.5
+
+
+class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    variant: Doc(Variant, "designer reward: regret | blend | solve_rate | learning_potential | variance") = "blend"
+    regret_scale: Doc(float, "regret that earns the full regret term (clip(regret / scale, 0, 1))") = 0.15
+    blend_regret_weight: Doc(float, "weight of the regret term in 'blend' (the plateau term gets 1 - this)") = 0.4
+    plateau_low: Doc(float, "no-hint win rates in [low, high] earn the full plateau score") = 0.4
+    plateau_high: Doc(float, "upper edge of the plateau") = 0.6
+    plateau_ramp: Doc(float, "width of the linear ramp to 0 on each side of the plateau") = 0.25
+    variance_target: Doc(float, "'variance' variant: outcome variance that scores 1") = 0.25
+    variance_width: Doc(float, "'variance' variant: exp(-(var - target)^2 / width)") = 0.02
+    duplicate_penalty: Doc(float, "subtracted from a near-duplicate environment's designer reward") = 0.5
+    mask_negative: Doc(bool, "mask designer samples whose reward (before centring) is negative") = True
+    max_role_scale: Doc(float, "cap of the designer role-balance scale") = 50.0
+    timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = TIMEOUT_REWARD
+
+
+def agent_outcome(final_reward: float, terminated: bool, *, timed_out: bool = False) -> float:
+    """Outcome-only agent reward."""
+    if timed_out:
+        return TIMEOUT_REWARD
+    if not terminated or math.isnan(final_reward):
+        return 0.0
+    return max(-1.0, min(1.0, float(final_reward)))
+
+
+def win_rate(rewards: Sequence[float], threshold: float = 1.0) -> float:
+    return sum(r >= threshold for r in rewards) / len(rewards) if rewards else 0.0
+
+
+def regret(hint_rewards: Sequence[float], nohint_rewards: Sequence[float]) -> float:
+    if not hint_rewards or not nohint_rewards:
+        return 0.0
+    return max(0.0, _mean(hint_rewards) - _mean(nohint_rewards))
+
+
+def plateau(rate: float, cfg: RewardConfig) -> float:
+    """1 inside [low, high]; linear ramp to 0 over ``ramp`` on each side."""
+    if cfg.plateau_low <= rate <= cfg.plateau_high:
+        return 1.0
+    gap = cfg.plateau_low - rate if rate < cfg.plateau_low else rate - cfg.plateau_high
+    return max(0.0, 1.0 - gap / cfg.plateau_ramp)
+
+
+def designer_reward(
+    cfg: RewardConfig,
+    *,
+    regret_value: float,
+    nohint_win_rate: float,
+    nohint_rewards: Sequence[float] = (),
+    slow_ema_win_rate: float | None = None,
+    duplicate: bool = False,
+) -> float:
+    """The configured variant, minus the near-duplicate penalty."""
+    r_term = min(1.0, max(0.0, regret_value / cfg.regret_scale))
+    match cfg.variant:
+        case "regret":
+            value = r_term
+        case "blend":
+            w = cfg.blend_regret_weight
+            value = w * r_term + (1.0 - w) * plateau(nohint_win_rate, cfg)
+        case "solve_rate":
+            value = plateau(nohint_win_rate, cfg)
+        case "learning_potential":
+            ema = nohint_win_rate if slow_ema_win_rate is None else slow_ema_win_rate
+            value = abs(nohint_win_rate - ema)
+        case "variance":
+            var = _var(nohint_rewards) if nohint_rewards else nohint_win_rate * (1 - nohint_win_rate)
+            value = math.exp(-((var - cfg.variance_target) ** 2) / cfg.variance_width)
+    return value - (cfg.duplicate_penalty if duplicate else 0.0)
+
+
+def centre_per_skill(
+    rewards: Sequence[float], skills: Sequence[str], *, mask_negative: bool = True
+) -> tuple[list[float], list[bool]]:
+    """Designer advantages: reward minus its skill's mean (no std division), and a keep-mask."""
+    by_skill: dict[str, list[float]] = defaultdict(list)
+    for r, s in zip(rewards, skills, strict=True):
+        by_skill[s].append(r)
+    means = {s: _mean(v) for s, v in by_skill.items()}
+    adv = [r - means[s] for r, s in zip(rewards, skills, strict=True)]
+    keep = [not (mask_negative and r < 0) for r in rewards]
+    return adv, keep
+
+
+def role_balance_scale(n_agent: int, n_designer: int, regen_interval: int, cap: float = 50.0) -> float:
+    """Designer loss scale ``min(n_agent / n_designer * regen_interval, cap)``."""
+    if n_designer <= 0:
+        return 0.0
+    return min(n_agent / n_designer * regen_interval, cap)
+
+
+def grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """Z-scores over one environment's plays; all-equal rewards give zeros (nothing to learn)."""
+    if len(rewards) < 2:
+        return [0.0] * len(rewards)
+    mean, std = _mean(rewards), math.sqrt(_var(rewards))
+    if std < eps:
+        return [0.0] * len(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def ema(previous: float | None, value: float, decay: float = 0.95) -> float:
+    return value if previous is None else decay * previous + (1 - decay) * value
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _var(xs: Sequence[float]) -> float:
+    m = _mean(xs)
+    return sum((x - m) ** 2 for x in xs) / len(xs)
