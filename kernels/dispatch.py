@@ -56,7 +56,9 @@ def linear_logprob(
     chunk_size: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of target_T under softmax(hidden_TD @ weight_VD.T / temperature), fp32.
+    """Log-probs of target_T under softmax(hidden_TD @ weight_VD.T / temperature).
+
+    Outputs are fp32 (fp64 for fp64 inputs).
 
     Returns logprob_T, or (logprob_T, entropy_T) when `return_entropy`. Both are
     differentiable w.r.t. hidden and weight (custom backward, chunked over tokens so no

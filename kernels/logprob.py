@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["ChunkedLinearLogprob", "RowOps", "TorchRowOps", "default_chunk_size"]
+__all__ = ["ChunkedLinearLogprob", "RowOps", "TorchRowOps", "acc_dtype", "default_chunk_size"]
 
 # Logits elements per chunk; tuned on a 2-core CPU with V=49,152 (see bench/logprob.py).
 _CHUNK_ELEMS = 4 * 1024 * 1024
@@ -38,6 +38,11 @@ def default_chunk_size(vocab: int, device: torch.device) -> int:
     """Tokens per chunk so a chunk's logits hold about _CHUNK_ELEMS (GPU: 4x more)."""
     elems = _CHUNK_ELEMS * (4 if device.type == "cuda" else 1)
     return max(1, elems // max(1, vocab))
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax math and outputs: fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class RowOps(Protocol):
@@ -69,7 +74,7 @@ class TorchRowOps:
     """Row ops in plain torch, in place where possible (2 C x V temporaries at most)."""
 
     def forward(self, logits_CV, target_C, inv_temp, entropy):
-        z_CV = logits_CV.float()  # no copy when already fp32
+        z_CV = logits_CV.to(acc_dtype(logits_CV.dtype))  # no copy when already fp32
         if inv_temp != 1.0:
             z_CV.mul_(inv_temp)
         target_C1 = target_C.unsqueeze(1)
@@ -86,15 +91,16 @@ class TorchRowOps:
 
     def backward_(self, logits_CV, target_C, lse_C, entropy_C, g_lp_C, g_ent_C, inv_temp):
         # d/dz: g_lp * (onehot - p) + g_ent * (-p * (log p + H)); z = logits * inv_temp.
-        g_lp_C = g_lp_C.float() * inv_temp
-        logp_CV = logits_CV.float()
+        acc = acc_dtype(logits_CV.dtype)
+        g_lp_C = g_lp_C.to(acc) * inv_temp
+        logp_CV = logits_CV.to(acc)
         if inv_temp != 1.0:
             logp_CV.mul_(inv_temp)
         logp_CV.sub_(lse_C.unsqueeze(1))
         if g_ent_C is None:
             grad_CV = logp_CV.exp_().mul_(-g_lp_C.unsqueeze(1))  # -p * g_lp, in place
         else:
-            g_ent_C = g_ent_C.float() * inv_temp
+            g_ent_C = g_ent_C.to(acc) * inv_temp
             p_CV = logp_CV.exp()  # C x V temporary
             coef_CV = logp_CV.add_(entropy_C.unsqueeze(1)).mul_(g_ent_C.unsqueeze(1))
             grad_CV = coef_CV.add_(g_lp_C.unsqueeze(1)).mul_(p_CV).neg_()
@@ -114,10 +120,10 @@ class ChunkedLinearLogprob(torch.autograd.Function):
     def forward(ctx, hidden_TD, weight_VD, target_T, temperature, return_entropy, chunk, ops):
         T, V = hidden_TD.shape[0], weight_VD.shape[0]
         inv_temp = 1.0 / temperature
-        dev = hidden_TD.device
-        logprob_T = torch.empty(T, dtype=torch.float32, device=dev)
-        lse_T = torch.empty(T, dtype=torch.float32, device=dev)
-        entropy_T = torch.empty(T, dtype=torch.float32, device=dev) if return_entropy else None
+        dev, acc = hidden_TD.device, acc_dtype(hidden_TD.dtype)
+        logprob_T = torch.empty(T, dtype=acc, device=dev)
+        lse_T = torch.empty(T, dtype=acc, device=dev)
+        entropy_T = torch.empty(T, dtype=acc, device=dev) if return_entropy else None
         buf_CV = torch.empty(min(chunk, T), V, dtype=hidden_TD.dtype, device=dev)
         weight_DV = weight_VD.T
         for s, e in _chunks(T, chunk):
@@ -145,7 +151,8 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         dev, dtype = hidden_TD.device, hidden_TD.dtype
         grad_h_TD = torch.empty_like(hidden_TD) if need_h else None
         # fp32 accumulator: V x D x 4 bytes.
-        grad_w_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=dev) if need_w else None
+        acc = acc_dtype(dtype)
+        grad_w_VD = torch.zeros(weight_VD.shape, dtype=acc, device=dev) if need_w else None
         buf_CV = torch.empty(min(chunk, T), V, dtype=dtype, device=dev)
         weight_DV = weight_VD.T
         for s, e in _chunks(T, chunk):
@@ -161,8 +168,8 @@ class ChunkedLinearLogprob(torch.autograd.Function):
             if need_h:
                 torch.mm(grad_CV, weight_VD, out=grad_h_TD[s:e])
             if need_w:
-                if grad_CV.dtype == torch.float32:
-                    grad_w_VD.addmm_(grad_CV.T, hidden_CD.float())
+                if grad_CV.dtype == acc:
+                    grad_w_VD.addmm_(grad_CV.T, hidden_CD)
                 else:
                     grad_w_VD.add_(grad_CV.T @ hidden_CD)
         grad_w = grad_w_VD.to(weight_VD.dtype) if need_w else None
