@@ -1,0 +1,50 @@
+"""TrainerConfig: everything a trainer rank needs, one frozen struct (``[trainer]`` in a recipe)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from spade_async.config import Doc
+
+__all__ = ["TrainerConfig"]
+
+
+class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model: Doc(str, "model name (embedded) or local Hugging Face directory to train") = (
+        "smollm2-135m-instruct"
+    )
+    seed: Doc(int, "seed for torch RNGs on every rank (offset by rank)") = 0
+    lr: Doc(float, "peak AdamW learning rate") = 1e-6
+    betas: Doc(tuple[float, float], "AdamW betas") = (0.9, 0.999)
+    weight_decay: Doc(float, "AdamW decoupled weight decay") = 0.0
+    eps: Doc(float, "AdamW epsilon") = 1e-8
+    warmup_steps: Doc(int, "linear learning-rate warm-up steps (from 0 to lr)") = 0
+    total_steps: Doc(int, "steps of the cosine decay after warm-up; 0 keeps lr constant") = 0
+    min_lr_ratio: Doc(float, "cosine floor as a fraction of lr") = 0.1
+    grad_clip: Doc(float, "clip the global gradient norm to this value; 0 disables") = 1.0
+    temperature: Doc(float, "sampling temperature the rollouts used (log_softmax(logits/T))") = 1.0
+    micro_batch_tokens: Doc(int, "token budget of one packed micro-batch per rank") = 8192
+    packing: Doc(bool, "pack sequences into rows (False pads every sample to the longest)") = True
+    clip_low: Doc(float, "PPO lower clip range (ratio >= 1 - clip_low)") = 0.2
+    clip_high: Doc(float, "PPO upper clip range (ratio <= 1 + clip_high)") = 0.28
+    loss_agg: Doc(
+        Literal["token", "sequence"],
+        "token: mean over all loss tokens of the batch; sequence: mean over samples of per-sample means",
+    ) = "token"
+    old_logprobs: Doc(
+        Literal["detached", "rollout"],
+        "PPO 'old' policy: the trainer's own log-probs before the step (detached) or the engine's",
+    ) = "detached"
+    tis_cap: Doc(float, "cap of the truncated importance weight exp(old - rollout); 0 disables") = 2.0
+    kl_coef: Doc(float, "k3 KL penalty to the rollout (reference) log-probs; 0 disables") = 0.0
+    entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
+    activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
+    mixed_precision: Doc(bool, "bf16 params/compute with fp32 reduce (only on GPU)") = True
+    attn_implementation: Doc(
+        str, "transformers attention: 'auto' = flash_attention_2 on GPU if installed, else sdpa"
+    ) = "auto"
+    socket_path: Doc(str, "Unix socket rank 0 serves the RPC on ('' = <run_dir>/trainer.sock)") = ""
+    start_timeout_s: Doc(float, "seconds to wait for the trainer ranks to come up") = 300.0
+    push_timeout_s: Doc(float, "seconds one weight push to an engine may take") = 300.0

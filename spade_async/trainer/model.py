@@ -1,0 +1,103 @@
+"""Policy model: a Hugging Face causal LM behind a log-prob head, sharded with FSDP2.
+
+Legend: T tokens of a micro-batch, D hidden size, V vocabulary size.
+
+``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and the
+fused ``linear_logprob`` against the lm_head weight, so [T, V] logits are never built.
+FSDP2 (``fully_shard``) wraps each decoder block and then this module as the root: the
+embedding, final norm and (possibly tied) lm_head live in the root group and are unsharded
+for the whole forward, which is where the log-prob head reads the lm_head weight.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spade_async.trainer.config import TrainerConfig
+
+try:  # engineer E's fused kernels
+    from spade_kernels import linear_logprob
+except ImportError:  # pragma: no cover - until kernels/ lands
+    from spade_async.trainer._fallback import linear_logprob
+
+__all__ = ["PolicyModel", "load_policy", "decoder_layers"]
+
+
+class PolicyModel(nn.Module):
+    def __init__(self, causal_lm: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.causal_lm = causal_lm
+        self.temperature = temperature
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        target_T: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        return_entropy: bool = False,
+    ):
+        out = self.causal_lm.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+        )
+        hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+        weight_VD = self.causal_lm.get_output_embeddings().weight
+        return linear_logprob(
+            hidden_TD, weight_VD, target_T, temperature=self.temperature,
+            return_entropy=return_entropy,
+        )
+
+
+def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
+    layers = getattr(getattr(causal_lm, "model", None), "layers", None)
+    if layers is None:
+        raise TypeError(
+            f"{type(causal_lm).__name__} has no .model.layers; the trainer supports decoder-only "
+            "causal LMs laid out like Llama/Qwen/SmolLM"
+        )
+    return list(layers)
+
+
+def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
+    if cfg.attn_implementation != "auto":
+        return cfg.attn_implementation
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_policy(
+    cfg: TrainerConfig, model_dir: str | Path, device: torch.device, *, shard: bool
+) -> PolicyModel:
+    """Load weights in fp32, optionally checkpoint activations, then fully_shard (if ``shard``)."""
+    from transformers import AutoModelForCausalLM
+
+    causal_lm = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
+    )
+    causal_lm.config.use_cache = False
+    if cfg.activation_checkpointing:
+        causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    causal_lm.train()
+    policy = PolicyModel(causal_lm, cfg.temperature)
+    if not shard:
+        return policy.to(device)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = None
+    if cfg.mixed_precision and device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = {"mp_policy": mp} if mp is not None else {}
+    if device.type == "cuda":
+        causal_lm.to(device)
+    for layer in decoder_layers(causal_lm):
+        fully_shard(layer, **kw)
+    fully_shard(policy, **kw)
+    return policy

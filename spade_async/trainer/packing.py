@@ -1,0 +1,162 @@
+"""Sequence packing and token-budget micro-batches, balanced across ranks.
+
+Legend: T tokens in one micro-batch (packed: one row of concatenated samples; padded:
+B rows of L, flattened to T = B * L), N samples in the whole batch, R ranks.
+
+Packed rows restart ``position_ids`` at 0 for every sample. transformers turns that into a
+block-diagonal causal mask for sdpa/eager on CPU and into varlen flash-attention
+(cu_seqlens) with ``flash_attention_2`` on GPU, so attention never crosses samples.
+Position t predicts token t + 1 of the same sample; the last position of each sample gets
+target 0 with weight 0, so the loss never crosses samples either.
+
+Each loss token carries a weight so that the batch loss is the same however the batch is
+split into micro-batches and ranks: token mean -> 1 / (loss tokens in the batch);
+sequence mean -> 1 / (N * loss tokens of its sample).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spade_async.trainer.batch import Sample
+
+__all__ = ["MicroBatch", "plan_microbatches", "build_microbatch", "token_weights"]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: torch.Tensor  # [1, T] packed or [B, L] padded (long)
+    position_ids: torch.Tensor  # same shape (long)
+    attention_mask: torch.Tensor | None  # [B, L] padding mask (padded only), None when packed
+    target_T: torch.Tensor  # next token of the same sample (long), 0 where unused
+    weight_T: torch.Tensor  # loss weight of each target (fp32), 0 off the loss mask
+    mask_T: torch.Tensor  # 1.0 where the target is a trained token
+    advantage_T: torch.Tensor  # the sample's advantage on every position (fp32)
+    rollout_logprob_T: torch.Tensor  # engine log-prob of the target (fp32), 0 where unused
+    seq_T: torch.Tensor  # global sample index of each position, -1 on padding (long)
+    n_tokens: int  # real (non-padding) tokens
+
+    def to(self, device: torch.device) -> MicroBatch:
+        moved = {
+            k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            for k, v in self.__dict__.items()
+        }
+        return MicroBatch(**moved)
+
+
+def token_weights(samples: list[Sample], agg: str) -> list[float]:
+    """Per-sample weight of one loss token (see the module doc)."""
+    if agg == "token":
+        total = sum(sum(s.loss_mask) for s in samples)
+        return [1.0 / total] * len(samples)
+    if agg == "sequence":
+        return [1.0 / (len(samples) * sum(s.loss_mask)) for s in samples]
+    raise ValueError(f"loss_agg '{agg}' is not 'token' or 'sequence'")
+
+
+def _ffd(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing bins of total length <= budget (an oversized sample sits alone)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(indices, key=lambda j: -lengths[j]):
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(budget - lengths[i])
+    return bins
+
+
+def _padded_bins(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Arrival-order bins whose padded size (count x longest) stays within budget."""
+    bins: list[list[int]] = []
+    for i in indices:
+        if bins:
+            cur = bins[-1]
+            if (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) <= budget:
+                cur.append(i)
+                continue
+        bins.append([i])
+    return bins
+
+
+def plan_microbatches(
+    lengths: list[int], world_size: int, budget: int, *, packed: bool = True
+) -> list[list[list[int]]]:
+    """plan[rank] = micro-batches (lists of sample indices); every rank gets the same count.
+
+    Samples go to ranks longest first onto the least-loaded rank (balanced tokens); each
+    rank then packs first-fit decreasing under the token budget (packed) or takes them in
+    order padded to the longest (padded). A rank short of micro-batches splits its largest
+    one, or gets an empty one (it still runs forward/backward so FSDP collectives match).
+    """
+    load = [0] * world_size
+    owned: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        r = min(range(world_size), key=lambda k: load[k])
+        owned[r].append(i)
+        load[r] += lengths[i]
+    if packed:
+        plan = [_ffd(o, lengths, budget) for o in owned]
+    else:
+        plan = [_padded_bins(sorted(o), lengths, budget) for o in owned]
+    n = max(len(p) for p in plan)
+    for p in plan:
+        while len(p) < n:
+            big = max(range(len(p)), key=lambda b: len(p[b])) if p else -1
+            if big >= 0 and len(p[big]) > 1:
+                half = len(p[big]) // 2
+                p.append(p[big][half:])
+                p[big] = p[big][:half]
+            else:
+                p.append([])
+    return plan
+
+
+def build_microbatch(
+    samples: list[Sample], indices: list[int], weights: list[float], *, packed: bool = True
+) -> MicroBatch:
+    """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, weight 0)."""
+    if not indices:
+        z = torch.zeros(1, 2, dtype=torch.long)
+        f = torch.zeros(2)
+        return MicroBatch(z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f, f,
+                          torch.full((2,), -1), 0)
+    seqs = [samples[i] for i in indices]
+    rows = [len(s.token_ids) for s in seqs]
+    width = sum(rows) if packed else max(rows)
+    n_rows = 1 if packed else len(seqs)
+    ids = torch.zeros(n_rows, width, dtype=torch.long)
+    pos = torch.zeros(n_rows, width, dtype=torch.long)
+    tgt = torch.zeros(n_rows, width, dtype=torch.long)
+    wgt = torch.zeros(n_rows, width)
+    msk = torch.zeros(n_rows, width)
+    adv = torch.zeros(n_rows, width)
+    rlp = torch.zeros(n_rows, width)
+    seq = torch.full((n_rows, width), -1, dtype=torch.long)
+    att = None if packed else torch.zeros(n_rows, width, dtype=torch.long)
+    offset = 0
+    for k, (i, s) in enumerate(zip(indices, seqs, strict=True)):
+        n = len(s.token_ids)
+        r, a = (0, offset) if packed else (k, 0)
+        b = a + n
+        ids[r, a:b] = torch.tensor(s.token_ids)
+        pos[r, a:b] = torch.arange(n)
+        m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+        tgt[r, a:b - 1] = ids[r, a + 1:b]
+        msk[r, a:b - 1] = m
+        wgt[r, a:b - 1] = m * weights[i]
+        adv[r, a:b] = s.advantage
+        rlp[r, a:b - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) * m
+        seq[r, a:b] = i
+        if att is not None:
+            att[r, a:b] = 1
+        offset = b if packed else 0
+    flat = {"target_T": tgt, "weight_T": wgt, "mask_T": msk, "advantage_T": adv,
+            "rollout_logprob_T": rlp, "seq_T": seq}
+    return MicroBatch(ids, pos, att, n_tokens=sum(rows), **{k: v.reshape(-1) for k, v in flat.items()})

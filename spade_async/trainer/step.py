@@ -1,0 +1,158 @@
+"""One optimisation step: packed micro-batches -> fused log-probs -> policy loss -> AdamW.
+
+Legend: T tokens of a micro-batch (flattened), R ranks.
+
+No host sync inside the micro-batch loop: metrics accumulate as device tensors. There is
+exactly one sync per step, the finiteness check of the loss and global gradient norm that
+decides whether the optimizer steps (the same decision GradScaler makes). A NaN/inf loss or
+gradient skips the step: gradients are dropped, weights, optimizer and schedule untouched,
+and ``skipped_steps`` counts it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from spade_async.trainer.batch import Batch, validate_batch
+from spade_async.trainer.config import TrainerConfig
+from spade_async.trainer.model import PolicyModel, load_policy
+from spade_async.trainer.packing import build_microbatch, plan_microbatches, token_weights
+
+try:  # engineer E's policy loss
+    from spade_kernels.loss import policy_loss
+except ImportError:  # pragma: no cover - until kernels/ lands
+    from spade_async.trainer._fallback import policy_loss
+
+__all__ = ["Trainer", "lr_lambda"]
+
+
+def lr_lambda(cfg: TrainerConfig):
+    """Linear warm-up to 1, then cosine to ``min_lr_ratio`` over ``total_steps`` (0: constant)."""
+
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.total_steps <= 0:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / cfg.total_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+class Trainer:
+    """Model + optimizer + schedule on one rank; every rank runs the same calls in lockstep."""
+
+    def __init__(self, cfg: TrainerConfig, model_dir: str | Path, device: torch.device | None = None):
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        self.device = device or torch.device("cpu")
+        torch.manual_seed(cfg.seed + self.rank)
+        self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
+        self.vocab_size = int(self.model.causal_lm.config.vocab_size)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.step = 0  # optimizer steps taken
+        self.version = 0  # policy version: bumps with every applied step
+        self.skipped_steps = 0
+
+    def _loss(self, mb) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = self.cfg
+        want_entropy = cfg.entropy_coef > 0
+        out = self.model(mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask,
+                         return_entropy=want_entropy)
+        logprob_T, entropy_T = out if want_entropy else (out, None)
+        old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
+        # weight_T folds the loss mask and the batch-wide normaliser together (see packing);
+        # x R because FSDP averages gradients over ranks and we want the batch sum.
+        loss, _ = policy_loss(
+            logprob_T, old_T, mb.advantage_T, mb.weight_T,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg="token",
+            rollout_logprob_T=mb.rollout_logprob_T, tis_cap=cfg.tis_cap,
+            ref_logprob_T=mb.rollout_logprob_T if cfg.kl_coef > 0 else None, kl_coef=cfg.kl_coef,
+            entropy_T=entropy_T, entropy_coef=cfg.entropy_coef,
+            loss_scale_denominator=1.0 / self.world,
+        )
+        lp = logprob_T.detach()
+        stats = {
+            "logprob_gap": ((lp - mb.rollout_logprob_T).abs() * mb.weight_T).sum(),
+            "logprob": (lp * mb.weight_T).sum(),
+        }
+        if entropy_T is not None:
+            stats["entropy"] = (entropy_T.detach() * mb.weight_T).sum()
+        return loss, stats
+
+    def accumulate(self, batch: Batch) -> tuple[torch.Tensor, list[str], int]:
+        """Forward + backward over this rank's micro-batches; gradients stay in ``.grad``.
+
+        Returns a device vector [loss, *stats, tokens] (this rank's share), the stat names
+        and the number of micro-batches.
+        """
+        samples = batch.samples
+        weights = token_weights(samples, self.cfg.loss_agg)
+        plan = plan_microbatches([len(s.token_ids) for s in samples], self.world,
+                                 self.cfg.micro_batch_tokens, packed=self.cfg.packing)
+        acc: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        n_tokens = 0
+        for indices in plan[self.rank]:
+            mb = build_microbatch(samples, indices, weights, packed=self.cfg.packing).to(self.device)
+            loss, stats = self._loss(mb)
+            loss.backward()
+            loss_sum += loss.detach()
+            n_tokens += mb.n_tokens
+            for k, v in stats.items():
+                acc[k] = acc.get(k, 0) + v
+        keys = sorted(acc)
+        vec = torch.stack([loss_sum / self.world, *[acc[k] for k in keys],
+                           torch.tensor(float(n_tokens), device=self.device)])
+        return vec, keys, len(plan[self.rank])
+
+    def train_step(self, batch: Batch, *, validated: bool = False) -> dict[str, float]:
+        """Validate (unless the caller did), run every micro-batch of this rank, then step."""
+        t0 = time.perf_counter()
+        if not validated:
+            validate_batch(batch, self.vocab_size)
+        vec, keys, n_micro = self.accumulate(batch)
+        grad_norm = self._clip_grad_norm()
+        if self.distributed:
+            dist.all_reduce(vec)
+        finite = bool(torch.isfinite(vec[0]) & torch.isfinite(grad_norm))  # the one sync
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+            self.version += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        values = vec.tolist()
+        seconds = time.perf_counter() - t0
+        metrics = {"loss": values[0], "grad_norm": float(grad_norm)}
+        metrics.update({k: values[1 + i] for i, k in enumerate(keys)})
+        metrics.update(
+            tokens=values[-1], samples=float(len(batch.samples)), seconds=seconds,
+            tokens_per_s=values[-1] / max(seconds, 1e-9), lr=self.scheduler.get_last_lr()[0],
+            step=float(self.step), version=float(self.version), skipped=float(not finite),
+            skipped_steps=float(self.skipped_steps), micro_batches=float(n_micro),
+        )
+        return metrics
+
+    def _clip_grad_norm(self) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # DTensor under FSDP2: the global norm
+            norm = norm.full_tensor()
+        return norm
