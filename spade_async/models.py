@@ -154,3 +154,24 @@ def tiny_model_dir(
         tok.save_pretrained(tmp)
 
     return _atomic_dir(path, build)
+
+
+def load_causal_lm(name: str | Path, *, dtype: str = "float32"):
+    """(model, tokenizer) for a causal LM, in eval mode; bad paths become one ConfigError line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(str(name))
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ConfigError(f"dtype '{dtype}' is not a torch dtype; use float32 or bfloat16")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model '{path}' is not a loadable causal LM: {first}") from None
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ConfigError(f"model '{path}' is an encoder-decoder model; a causal (decoder-only) LM is needed")
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,365 @@
+"""Continuous-batching generation core of the CPU engine (transformers + DynamicCache).
+
+One scheduler thread owns the model and a batch of running sequences. Each loop turn it
+either prefills newly arrived requests (batched, left-padded, ``logits_to_keep=1``) and
+merges their KV cache into the running batch, or runs one batched decode step over every
+running sequence. Sequences leave the batch as soon as they finish (stop token, stop
+string, ``max_new_tokens``, context limit, abort), new ones join between decode steps.
+
+The KV cache is a transformers ``DynamicCache`` whose per-layer ``keys``/``values`` are
+``[B, H, T, D]``; rows are left-padded and an attention mask ``mask_BT`` marks real
+positions. Keys are stored after RoPE with each row's own positions (``position_ids`` =
+number of real tokens before it), so rows of different ages can be concatenated freely.
+
+Log-probs follow ``logprob_convention.sampling_logprobs`` (temperature-scaled softmax,
+before top-k/top-p/min-p). Requests are handed back through ``concurrent.futures.Future``.
+
+Legend: B running rows, G rows being prefilled, T cached positions, L prompt length,
+V vocab, H kv heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spade_async.generation.logprob_convention import sampling_logprobs
+from spade_async.generation.protocol import FinishReason, SamplingParams
+
+__all__ = ["Engine", "Sequence"]
+
+
+@dataclass
+class Sequence:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    text_end: int | None = None  # stop-string trim position in the decoded text
+    weight_version: str = ""
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Swap:
+    model: Any
+    version: str
+    abort: bool
+    future: concurrent.futures.Future
+
+
+class Engine:
+    """Owns the model; ``submit`` from any thread, results arrive on each sequence's future."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_running: int = 64,
+        max_prefill_tokens: int = 8192,
+        weight_version: str = "0",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.weight_version = weight_version
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._pending: deque[Sequence] = deque()
+        self._cond = threading.Condition()
+        self._paused = False
+        self._abort_all = False
+        self._swap: _Swap | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # batch state, touched only by the scheduler thread
+        self.active: list[Sequence] = []
+        self.cache: Any = None
+        self.mask_BT: torch.Tensor | None = None
+
+    # ---- public, thread-safe -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="spade-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self._cond:
+            self._pending.extend(seqs)
+            self._cond.notify_all()
+
+    def load(self) -> int:
+        with self._cond:
+            return len(self._pending) + len(self.active)
+
+    def pause(self, *, abort: bool) -> None:
+        """Stop stepping; ``abort`` also ends waiting and running requests (``abort``)."""
+        with self._cond:
+            self._paused = True
+            self._abort_all = self._abort_all or abort
+            waiting = list(self._pending) if abort else []
+            if abort:
+                self._pending.clear()
+            self._cond.notify_all()
+        for seq in waiting:
+            seq.finish = FinishReason(type="abort", message="aborted by pause_generation")
+            self._resolve(seq)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def swap_model(self, model: Any, version: str, *, abort: bool) -> concurrent.futures.Future:
+        """Swap weights once running sequences finish (or are aborted); new ones wait."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._swap = _Swap(model, version, abort, fut)
+            self._cond.notify_all()
+        return fut
+
+    # ---- scheduler thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                new: list[Sequence] = []
+                with self._cond:
+                    while not self._stopping and not self._has_work():
+                        self._cond.wait(timeout=1.0)
+                    if self._stopping:
+                        break
+                    abort_all, self._abort_all = self._abort_all, False
+                    swap = self._swap
+                    if swap is not None and swap.abort:
+                        abort_all = True
+                    if not self._paused and swap is None:
+                        new = self._take_pending()
+                if abort_all:
+                    self._abort_running("aborted by pause_generation or a weight update")
+                if swap is not None and not self.active:
+                    self._do_swap(swap)
+                    continue
+                if self._paused:
+                    continue
+                try:
+                    if new:
+                        self._prefill(new)
+                    elif self.active:
+                        self._decode()
+                except Exception as exc:  # a broken step fails its requests, not the server
+                    for seq in new + self.active:
+                        if not seq.future.done():
+                            seq.future.set_exception(exc)
+                    self._reset_batch()
+            self._abort_running("engine stopped")
+            for seq in self._pending:
+                seq.future.cancel()
+
+    def _has_work(self) -> bool:
+        if self._abort_all or self._swap is not None and not self.active:
+            return True
+        if self._paused:
+            return False
+        return bool(self._pending or self.active)
+
+    def _take_pending(self) -> list[Sequence]:
+        taken, tokens = [], 0
+        while self._pending and len(self.active) + len(taken) < self.max_running:
+            nxt = len(self._pending[0].prompt_ids)
+            if taken and tokens + nxt > self.max_prefill_tokens:
+                break
+            taken.append(self._pending.popleft())
+            tokens += nxt
+        return taken
+
+    def _do_swap(self, swap: _Swap) -> None:
+        self.model, self.weight_version = swap.model, swap.version
+        self._reset_batch()
+        with self._cond:
+            if self._swap is swap:
+                self._swap = None
+        swap.future.set_result(swap.version)
+
+    def _reset_batch(self) -> None:
+        self.active, self.cache, self.mask_BT = [], None, None
+
+    def _abort_running(self, message: str) -> None:
+        for seq in self.active:
+            seq.finish = FinishReason(type="abort", message=message)
+            self._resolve(seq)
+        self._reset_batch()
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        from transformers import DynamicCache
+
+        G, L = len(seqs), max(len(s.prompt_ids) for s in seqs)
+        ids_GL = torch.full((G, L), self.pad_id, dtype=torch.long)
+        mask_GL = torch.zeros((G, L), dtype=torch.long)
+        for g, seq in enumerate(seqs):
+            n = len(seq.prompt_ids)
+            ids_GL[g, L - n :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
+            mask_GL[g, L - n :] = 1
+        pos_GL = (mask_GL.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids_GL,
+            attention_mask=mask_GL,
+            position_ids=pos_GL,
+            use_cache=True,
+            logits_to_keep=1,
+            **{_cache_kw(self.model): cache},
+        )
+        self._merge(seqs, cache, mask_GL)  # DynamicCache is filled in place
+        self._sample_and_finish(out.logits[:, -1, :], first_row=len(self.active) - G)
+
+    def _decode(self) -> None:
+        B = len(self.active)
+        ids_B1 = torch.tensor([[s.output_ids[-1]] for s in self.active], dtype=torch.long)
+        pos_B1 = self.mask_BT.sum(1, keepdim=True)
+        mask_BT = torch.cat([self.mask_BT, torch.ones((B, 1), dtype=torch.long)], dim=1)
+        out = self.model(
+            input_ids=ids_B1,
+            attention_mask=mask_BT,
+            position_ids=pos_B1,
+            use_cache=True,
+            **{_cache_kw(self.model): self.cache},
+        )
+        self.mask_BT = mask_BT
+        self._sample_and_finish(out.logits[:, -1, :], first_row=0)
+
+    def _merge(self, seqs: list[Sequence], cache: Any, mask_GL: torch.Tensor) -> None:
+        if not self.active:
+            self.active, self.cache, self.mask_BT = list(seqs), cache, mask_GL
+            return
+        T, L = self.mask_BT.shape[1], mask_GL.shape[1]
+        width = max(T, L)
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)], dim=0)
+            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)], dim=0)
+        self.mask_BT = torch.cat([_left_pad(self.mask_BT, width), _left_pad(mask_GL, width)], dim=0)
+        self.active.extend(seqs)
+
+    def _sample_and_finish(self, logits_BV: torch.Tensor, first_row: int) -> None:
+        rows = self.active[first_row:]
+        temps_B1 = torch.tensor([[s.params.temperature] for s in rows], dtype=torch.float32)
+        logprobs_BV = sampling_logprobs(logits_BV, temps_B1)
+        for b, seq in enumerate(rows):
+            token = _sample(logprobs_BV[b], seq.params, seq.generator)
+            seq.output_ids.append(token)
+            seq.logprobs.append(float(logprobs_BV[b, token]))
+            self._check_finish(seq)
+        done = [i for i, s in enumerate(self.active) if s.finish is not None]
+        if done:
+            for i in done:
+                self._resolve(self.active[i])
+            keep = [i for i, s in enumerate(self.active) if s.finish is None]
+            self._select(keep)
+
+    def _check_finish(self, seq: Sequence) -> None:
+        token = seq.output_ids[-1]
+        if token in seq.stop_ids:
+            seq.finish = FinishReason(type="stop", matched=token)
+            return
+        stops = seq.params.stop_strings()
+        if stops:
+            window = max(len(s) for s in stops) + 16
+            tail = self.tokenizer.decode(seq.output_ids[-window:], skip_special_tokens=False)
+            for stop in stops:
+                if stop in tail:
+                    seq.finish = FinishReason(type="stop", matched=stop)
+                    return
+        if len(seq.output_ids) >= seq.max_new:
+            seq.finish = FinishReason(type="length", length=len(seq.output_ids))
+
+    def _select(self, keep: list[int]) -> None:
+        if not keep:
+            self._reset_batch()
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        self.active = [self.active[i] for i in keep]
+        mask_BT = self.mask_BT.index_select(0, index)
+        first = int((mask_BT.sum(0) > 0).nonzero()[0])  # drop columns padded in every row
+        self.mask_BT = mask_BT[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+    def _resolve(self, seq: Sequence) -> None:
+        seq.weight_version = self.weight_version
+        if not seq.future.done():
+            seq.future.set_result(seq)
+
+
+def _cache_kw(model: Any) -> str:
+    """transformers >= 5.2x calls the KV-cache argument ``cache``; older 5.x ``past_key_values``."""
+    kw = getattr(model, "_spade_cache_kw", None)
+    if kw is None:
+        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._spade_cache_kw = kw
+    return kw
+
+
+def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad dim 2 (KV ``[B,H,T,D]``) or dim 1 (mask ``[B,T]``) on the left with zeros."""
+    dim = 2 if x.dim() == 4 else 1
+    missing = width - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _sample(logprobs_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    if params.temperature <= 0 or params.top_k == 1:
+        return int(logprobs_V.argmax())
+    probs_V = logprobs_V.exp()
+    if params.top_k > 0 and params.top_k < probs_V.numel():
+        kth = torch.topk(probs_V, params.top_k).values[-1]
+        probs_V = torch.where(probs_V >= kth, probs_V, torch.zeros_like(probs_V))
+    if params.min_p > 0:
+        probs_V = torch.where(probs_V >= params.min_p * probs_V.max(), probs_V, torch.zeros_like(probs_V))
+    if params.top_p < 1.0:
+        sorted_V, order_V = torch.sort(probs_V, descending=True)
+        cum_V = sorted_V.cumsum(0)
+        drop_V = cum_V - sorted_V > params.top_p * cum_V[-1]
+        sorted_V = sorted_V.masked_fill(drop_V, 0.0)
+        probs_V = torch.zeros_like(probs_V).scatter(0, order_V, sorted_V)
+    return int(torch.multinomial(probs_V, 1, generator=generator))
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def now_seed() -> int:
+    return time.time_ns() & 0x7FFF_FFFF

@@ -1,0 +1,150 @@
+"""Wire structs for the subset of SGLang's native HTTP API the project uses.
+
+Matched against SGLang v0.5.x (``python/sglang/srt/managers/io_struct.py`` and
+``python/sglang/srt/entrypoints/http_server.py``, checked at 0.5.3): ``GenerateReqInput``,
+``SamplingParams``, ``UpdateWeightFromDiskReqInput``/``Output``,
+``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``,
+``UpdateWeightsFromTensorReqInput``. Field names and defaults follow SGLang; only the
+fields the project sends are declared. The CPU engine (``server.py``) decodes requests with
+these structs and rejects unknown fields (HTTP 400 naming the field) rather than silently
+ignoring a sampling option it does not implement. The client encodes with the same structs
+(``omit_defaults``), so what it sends is valid for real SGLang too.
+
+One response per prompt (a list for a batch)::
+
+    {"text": str, "output_ids": [int],
+     "meta_info": {"id": rid, "prompt_tokens": int, "completion_tokens": int,
+                   "finish_reason": {"type": "stop"|"length"|"abort", "matched": int|str|None},
+                   "weight_version": str,
+                   "output_token_logprobs": [[logprob, token_id, text_or_null], ...]}}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "SamplingParams", "GenerateReqInput", "FinishReason", "MetaInfo", "GenerateOutput",
+    "UpdateWeightFromDiskReqInput", "UpdateWeightsReqOutput", "InitWeightsUpdateGroupReqInput",
+    "UpdateWeightsFromDistributedReqInput", "UpdateWeightsFromTensorReqInput", "ModelInfo",
+    "ErrorBody",
+]
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """SGLang ``SamplingParams`` subset (same names and defaults)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """``POST /generate``. ``input_ids`` is one prompt (list of ints) or a batch (list of lists)."""
+
+    input_ids: list[int | list[int]] | None = None
+    text: str | list[str] | None = None
+    sampling_params: SamplingParams | list[SamplingParams] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+
+class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason | None
+    weight_version: str = "default"
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+
+
+class GenerateOutput(msgspec.Struct, kw_only=True):
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+
+
+class UpdateWeightFromDiskReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+class UpdateWeightsReqOutput(msgspec.Struct, kw_only=True):
+    """Reply of every weight-update endpoint (``num_paused_requests`` only from disk)."""
+
+    success: bool
+    message: str = ""
+    num_paused_requests: int = 0
+
+
+class InitWeightsUpdateGroupReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class UpdateWeightsFromTensorReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``serialized_named_tensors``: one entry per TP rank, as SGLang's
+    ``MultiprocessingSerializer`` produced them (base64 strings over HTTP)."""
+
+    serialized_named_tensors: list[str]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    """``GET /get_model_info`` (extra keys SGLang sends are ignored when decoding)."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    is_generation: bool = True
+    weight_version: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: dict[str, Any]

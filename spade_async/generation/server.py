@@ -1,0 +1,347 @@
+"""CPU generation engine speaking the subset of SGLang's native HTTP API the project uses.
+
+    python -m spade_async.generation.server --model smollm2-135m-instruct --port 30000
+
+Matched against SGLang v0.5.x's native API (``io_struct.py`` ``GenerateReqInput`` and
+``http_server.py`` routes, checked at v0.5.3): ``POST /generate`` (``input_ids`` one
+prompt or a batch, ``text`` too; ``sampling_params`` one dict or one per prompt;
+``return_logprob``, ``return_text_in_logprobs``, ``rid``), ``GET /health``,
+``GET /health_generate``, ``GET /get_model_info`` (also ``/model_info``),
+``GET /get_weight_version`` (also ``/weight_version``), ``POST /flush_cache``,
+``POST /update_weights_from_disk``, ``POST /pause_generation`` (``mode``: ``abort`` default
+as in SGLang; ``in_place`` and ``retract`` both keep requests and resume them),
+``POST /continue_generation``. Errors are HTTP 400 with SGLang's body
+``{"error": {"message": ...}}``; a bad prompt fails only its own request.
+
+Not implemented here (GPU-only paths; HTTP 400 saying so): ``/init_weights_update_group``,
+``/update_weights_from_distributed``, ``/update_weights_from_tensor``,
+``/release_memory_occupation``, ``/resume_memory_occupation``, ``stream``,
+``top_logprobs_num``, input-token log-probs (``logprob_start_len`` >= 0). There is no
+prefix cache, so ``/flush_cache`` has nothing to drop.
+
+Responses: ``output_ids`` include the token that stopped generation (EOS or a stop token
+id) so the trainer sees every sampled token with its log-prob; ``text`` is decoded with
+``skip_special_tokens`` and cut before a matched stop string unless ``no_stop_trim``.
+With ``n > 1`` a prompt yields ``n`` results, prompt-major (``p0s0, p0s1, ..., p1s0``);
+sample ``i`` uses seed ``sampling_seed + i``. Log-probs: see ``logprob_convention.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import uuid
+from typing import Any
+
+import anyio
+import msgspec
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from spade_async.generation.engine import Engine, Sequence, now_seed
+from spade_async.generation.protocol import (
+    GenerateOutput,
+    GenerateReqInput,
+    MetaInfo,
+    ModelInfo,
+    SamplingParams,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsReqOutput,
+)
+
+__all__ = ["EngineApp", "build_app", "main"]
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+def _error(message: str, status: int = 400) -> Response:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+class EngineApp:
+    """HTTP handlers around one ``Engine``."""
+
+    def __init__(self, engine: Engine, *, model_path: str, context_length: int, dtype: str) -> None:
+        self.engine, self.model_path, self.context_length = engine, model_path, context_length
+        self.dtype = dtype
+        self.vocab_size = int(engine.model.config.vocab_size)
+        self._decode_gen = msgspec.json.Decoder(GenerateReqInput)
+
+    # ---- /generate -------------------------------------------------------------------------
+    async def generate(self, request: Request) -> Response:
+        try:
+            req = self._decode_gen.decode(await request.body())
+            prompts, params, rids, single = self._normalise(req)
+            seqs = [self._sequences(p, sp, rid) for p, sp, rid in zip(prompts, params, rids, strict=True)]
+        except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
+            return _error(str(exc))
+        flat = [s for group in seqs for s in group]
+        self.engine.submit(flat)
+        done = await asyncio.gather(*(asyncio.wrap_future(s.future) for s in flat))
+        outs = [self._output(s, req) for s in done]
+        return _json(outs[0] if single and len(outs) == 1 else outs)
+
+    def _normalise(self, req: GenerateReqInput):
+        if req.stream:
+            raise BadRequest("stream=true is not supported by the CPU engine; send stream=false")
+        if req.top_logprobs_num:
+            raise BadRequest("top_logprobs_num is not supported by the CPU engine; send 0")
+        if req.return_logprob and req.logprob_start_len not in (-1,):
+            raise BadRequest("input-token log-probs (logprob_start_len >= 0) are not supported by the CPU engine")
+        if (req.input_ids is None) == (req.text is None):
+            raise BadRequest("give exactly one of input_ids or text")
+        if req.input_ids is not None:
+            ids = req.input_ids
+            if ids and all(isinstance(x, list) for x in ids):
+                prompts, single = [list(x) for x in ids], False
+            elif all(isinstance(x, int) for x in ids):
+                prompts, single = [list(ids)], True
+            else:
+                raise BadRequest("input_ids must be a list of ints or a list of lists of ints")
+        else:
+            texts = [req.text] if isinstance(req.text, str) else list(req.text)
+            single = isinstance(req.text, str)
+            prompts = [self.engine.tokenizer(t).input_ids for t in texts]
+        sp = req.sampling_params or SamplingParams()
+        params = list(sp) if isinstance(sp, list) else [sp] * len(prompts)
+        if len(params) != len(prompts):
+            raise BadRequest(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        rids = req.rid if isinstance(req.rid, list) else [req.rid] * len(prompts)
+        if len(rids) != len(prompts):
+            raise BadRequest(f"{len(rids)} rids for {len(prompts)} prompts")
+        return prompts, params, rids, single
+
+    def _sequences(self, prompt: list[int], sp: SamplingParams, rid: str | None) -> list[Sequence]:
+        n_prompt = len(prompt)
+        if n_prompt == 0:
+            raise BadRequest("empty prompt: input_ids has no tokens")
+        if n_prompt >= self.context_length:
+            raise BadRequest(
+                f"prompt has {n_prompt} tokens but the context length is {self.context_length}; "
+                "shorten the prompt"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if sp.n < 1 or sp.max_new_tokens < 1 or sp.temperature < 0 or not 0 < sp.top_p <= 1:
+            raise BadRequest(
+                f"bad sampling_params: n={sp.n}, max_new_tokens={sp.max_new_tokens}, "
+                f"temperature={sp.temperature}, top_p={sp.top_p} (need n>=1, max_new_tokens>=1, "
+                "temperature>=0, 0<top_p<=1)"
+            )
+        stop_ids = set(sp.stop_token_ids or ())
+        if not sp.ignore_eos:
+            stop_ids |= self.engine.eos_ids
+        max_new = min(sp.max_new_tokens, self.context_length - n_prompt)
+        base = sp.sampling_seed if sp.sampling_seed is not None else now_seed()
+        rid = rid or uuid.uuid4().hex
+        seqs = []
+        for i in range(sp.n):
+            gen = torch.Generator().manual_seed(base + i)
+            seqs.append(
+                Sequence(
+                    rid=rid if sp.n == 1 else f"{rid}-{i}",
+                    prompt_ids=prompt,
+                    params=sp,
+                    max_new=max_new,
+                    stop_ids=frozenset(stop_ids),
+                    generator=gen,
+                )
+            )
+        return seqs
+
+    def _output(self, seq: Sequence, req: GenerateReqInput) -> GenerateOutput:
+        tok = self.engine.tokenizer
+        ids = seq.output_ids
+        finish = seq.finish
+        text_ids = ids
+        if finish is not None and finish.type == "stop" and isinstance(finish.matched, int):
+            if not seq.params.no_stop_trim:
+                text_ids = ids[:-1]
+        text = tok.decode(text_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        if finish is not None and isinstance(finish.matched, str) and not seq.params.no_stop_trim:
+            cut = text.find(finish.matched)
+            if cut >= 0:
+                text = text[:cut]
+        logprobs = None
+        if req.return_logprob:
+            texts = (
+                [tok.decode([t]) for t in ids] if req.return_text_in_logprobs else [None] * len(ids)
+            )
+            logprobs = [(lp, t, s) for lp, t, s in zip(seq.logprobs, ids, texts, strict=True)]
+        meta = MetaInfo(
+            id=seq.rid,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(ids),
+            finish_reason=finish,
+            weight_version=seq.weight_version,
+            output_token_logprobs=logprobs,
+        )
+        return GenerateOutput(text=text, output_ids=list(ids), meta_info=meta)
+
+    # ---- control ---------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        alive = self.engine._thread is not None and self.engine._thread.is_alive()
+        return Response(status_code=200 if alive else 503)
+
+    async def model_info(self, request: Request) -> Response:
+        return _json(
+            ModelInfo(
+                model_path=self.model_path,
+                tokenizer_path=self.model_path,
+                is_generation=True,
+                weight_version=self.engine.weight_version,
+            )
+        )
+
+    async def weight_version(self, request: Request) -> Response:
+        return JSONResponse({"weight_version": self.engine.weight_version})
+
+    async def load(self, request: Request) -> Response:
+        return JSONResponse({"num_requests": self.engine.load()})
+
+    async def flush_cache(self, request: Request) -> Response:
+        return Response("Cache flushed.", status_code=200)
+
+    async def pause(self, request: Request) -> Response:
+        body = await request.body()
+        mode = (msgspec.json.decode(body) if body else {}).get("mode", "abort")
+        if mode not in ("abort", "in_place", "retract"):
+            return _error(f"pause mode '{mode}' is not one of abort, in_place, retract")
+        self.engine.pause(abort=mode == "abort")
+        return JSONResponse({"success": True, "message": f"paused ({mode})"})
+
+    async def resume(self, request: Request) -> Response:
+        self.engine.resume()
+        return JSONResponse({"success": True, "message": "continued"})
+
+    async def update_from_disk(self, request: Request) -> Response:
+        try:
+            req = msgspec.json.decode(await request.body(), type=UpdateWeightFromDiskReqInput)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _error(str(exc))
+        try:
+            model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
+        except Exception as exc:  # a failed load is an answer, the old weights keep serving
+            out = UpdateWeightsReqOutput(success=False, message=f"failed to load {req.model_path}: {exc}")
+            return _json(out, status=400)
+        running = self.engine.load()
+        version = req.weight_version or _next_version(self.engine.weight_version)
+        fut = self.engine.swap_model(model, version, abort=req.abort_all_requests)
+        await asyncio.wrap_future(fut)
+        self.model_path = req.model_path
+        out = UpdateWeightsReqOutput(
+            success=True,
+            message=f"loaded {req.model_path} as weight version {version}",
+            num_paused_requests=running,
+        )
+        return _json(out)
+
+    def _load_weights(self, path: str) -> Any:
+        from spade_async.models import load_causal_lm
+
+        model, _ = load_causal_lm(path, dtype=self.dtype)
+        if int(model.config.vocab_size) != self.vocab_size:
+            raise ValueError(f"vocab size {model.config.vocab_size} != serving model's {self.vocab_size}")
+        return model
+
+    async def unsupported(self, request: Request) -> Response:
+        out = UpdateWeightsReqOutput(
+            success=False,
+            message=f"{request.url.path} is not supported by the CPU engine "
+            "(GPU/SGLang only); use /update_weights_from_disk",
+        )
+        return _json(out, status=400)
+
+
+def _next_version(current: str) -> str:
+    return str(int(current) + 1) if current.isdigit() else f"{current}+1"
+
+
+def build_app(app: EngineApp) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette):
+        app.engine.start()
+        try:
+            yield
+        finally:
+            app.engine.stop()
+
+    routes = [
+        Route("/generate", app.generate, methods=["POST"]),
+        Route("/health", app.health, methods=["GET", "POST"]),
+        Route("/health_generate", app.health, methods=["GET", "POST"]),
+        Route("/get_model_info", app.model_info, methods=["GET"]),
+        Route("/model_info", app.model_info, methods=["GET"]),
+        Route("/get_weight_version", app.weight_version, methods=["GET"]),
+        Route("/weight_version", app.weight_version, methods=["GET"]),
+        Route("/get_load", app.load, methods=["GET"]),
+        Route("/flush_cache", app.flush_cache, methods=["GET", "POST"]),
+        Route("/pause_generation", app.pause, methods=["POST"]),
+        Route("/continue_generation", app.resume, methods=["POST"]),
+        Route("/update_weights_from_disk", app.update_from_disk, methods=["POST"]),
+    ]
+    for path in (
+        "/init_weights_update_group", "/update_weights_from_distributed",
+        "/update_weights_from_tensor", "/release_memory_occupation", "/resume_memory_occupation",
+    ):
+        routes.append(Route(path, app.unsupported, methods=["POST"]))
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def make_engine_app(
+    model: str, *, dtype: str = "float32", max_running: int = 64, context_length: int | None = None,
+    weight_version: str = "0",
+) -> EngineApp:
+    """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model."""
+    from spade_async.models import load_causal_lm, resolve_model
+
+    path = str(resolve_model(model))
+    lm, tokenizer = load_causal_lm(path, dtype=dtype)
+    ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
+    engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version)
+    return EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spade_async.generation.server")
+    parser.add_argument("--model", required=True, help="embedded model name or HF model directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-running", type=int, default=64, help="max sequences decoded together")
+    parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    from spade_async.errors import SpadeError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        app = make_engine_app(
+            args.model, dtype=args.dtype, max_running=args.max_running,
+            context_length=args.context_length, weight_version=args.weight_version,
+        )
+    except SpadeError as exc:
+        print(f"spade-engine: error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    uvicorn.run(build_app(app), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
