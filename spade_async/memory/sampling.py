@@ -1,0 +1,157 @@
+"""Designer-context and replay sampling, served from the LMDB indexes (no full scans).
+
+- ``spade`` (default): up to ``n_positive`` same-skill positives (no-hint win rate in
+  [positive_low, positive_high]) highest regret first -- a cursor on the regret-ordered
+  ``ctx`` index -- plus ``n_negative`` negatives, too easy or too hard, each named by its
+  class, picked uniformly by seeking a random id in that class's index.
+- ``recent``: the newest valid environments of the skill (``recent`` index, read backwards).
+- ``diverse``: greedy max-min MinHash-Jaccard distance over the ``diverse_pool``
+  highest-regret positives (newest environments when there are too few positives).
+- ``replay`` (agent): PLR (Jiang et al., 2021) over the ``replay_buffer`` highest-regret
+  environments: P = (1 - rho) * rank-prioritised(regret, beta) + rho * staleness.
+Every path touches O(k) or O(buffer) entries, never the whole memory.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+import numpy as np
+
+from spade_async.errors import ConfigError
+from spade_async.memory import dedup
+from spade_async.memory import indexes as ix
+from spade_async.memory.records import EnvRecord, decode
+from spade_async.memory.store import MemoryStore
+
+Strategy = Literal["spade", "recent", "diverse"]
+
+
+class Example(msgspec.Struct, frozen=True, kw_only=True):
+    """One memory example for the designer prompt."""
+
+    role: Literal["positive", "too_easy", "too_hard", "recent", "diverse"]
+    record: EnvRecord
+
+
+def _records(store, txn, ids: list[bytes]) -> list[EnvRecord]:
+    return [decode(txn.get(i, db=store.db["records"])) for i in ids]
+
+
+def _positives(store: MemoryStore, txn, skill: str, n: int) -> list[bytes]:
+    cur = txn.cursor(store.db["ctx"])
+    if not cur.set_key(ix.ctx_key(skill, "positive")):
+        return []
+    out = []
+    for value in cur.iternext_dup(keys=False):
+        out.append(value[8:])
+        if len(out) >= n:
+            break
+    return out
+
+
+def _random_in(store: MemoryStore, txn, key: bytes, rng: np.random.Generator) -> bytes | None:
+    cur = txn.cursor(store.db["ctx"])
+    if not cur.set_key(key):
+        return None
+    probe = rng.bytes(32).hex().encode()  # ids are sha256 hex: uniform over the key space
+    if cur.set_range_dup(key, probe):
+        return cur.value()
+    cur.set_key(key)
+    return cur.value()  # probe past the last id: wrap to the first
+
+
+def _recent(store: MemoryStore, txn, skill: str | None, n: int) -> list[bytes]:
+    prefix = ix.recent_prefix(skill)
+    cur = txn.cursor(store.db["recent"])
+    upper = prefix + b"\xff" * 9
+    if not cur.set_range(upper):
+        if not cur.last():
+            return []
+    elif not cur.prev():
+        return []
+    out = []
+    while cur.key().startswith(prefix) and len(out) < n:
+        out.append(cur.key()[len(prefix) + 8:])
+        if not cur.prev():
+            break
+    return out
+
+
+def designer_context(store: MemoryStore, skill: str, *, strategy: Strategy = "spade",
+                     k: int | None = None, rng: np.random.Generator | None = None
+                     ) -> list[Example]:
+    """Memory examples for a designer prompt about ``skill``."""
+    cfg = store.config
+    rng = rng or np.random.default_rng()
+    with store.read() as txn:
+        if strategy == "spade":
+            out = [Example(role="positive", record=r)
+                   for r in _records(store, txn, _positives(store, txn, skill, cfg.n_positive))]
+            classes = [c for c in ("too_easy", "too_hard")
+                       if txn.cursor(store.db["ctx"]).set_key(ix.ctx_key(skill, c))]
+            for _ in range(cfg.n_negative if classes else 0):
+                cls = classes[int(rng.integers(len(classes)))]
+                rid = _random_in(store, txn, ix.ctx_key(skill, cls), rng)
+                out.append(Example(role=cls, record=_records(store, txn, [rid])[0]))
+            return out
+        n = k or cfg.n_positive + cfg.n_negative
+        if strategy == "recent":
+            return [Example(role="recent", record=r)
+                    for r in _records(store, txn, _recent(store, txn, skill, n))]
+        if strategy == "diverse":
+            pool = _positives(store, txn, skill, cfg.diverse_pool)
+            if len(pool) < n:
+                pool += [i for i in _recent(store, txn, skill, cfg.diverse_pool) if i not in pool]
+            picked = _max_min(store, txn, pool, n)
+            return [Example(role="diverse", record=r) for r in _records(store, txn, picked)]
+    raise ConfigError(f"context strategy '{strategy}' is unknown; use spade, recent or diverse")
+
+
+def _max_min(store: MemoryStore, txn, pool: list[bytes], n: int) -> list[bytes]:
+    """Greedy max-min Jaccard distance, seeded with the first (highest-regret) candidate."""
+    if len(pool) <= n:
+        return pool
+    sigs = np.stack([dedup.from_bytes(txn.get(i, db=store.db["sigs"])) for i in pool])
+    chosen = [0]
+    min_dist = 1.0 - (sigs == sigs[0]).mean(axis=1)
+    while len(chosen) < n:
+        nxt = int(np.argmax(min_dist))
+        chosen.append(nxt)
+        min_dist = np.minimum(min_dist, 1.0 - (sigs == sigs[nxt]).mean(axis=1))
+        min_dist[chosen] = -1.0
+    return [pool[i] for i in chosen]
+
+
+def replay_sample(store: MemoryStore, n: int, *, version: int,
+                  rng: np.random.Generator | None = None) -> list[str]:
+    """PLR replay: ``n`` distinct environment ids for the agent at policy ``version``.
+
+    Score = rank of regret within the level buffer, ``h = (1 / rank) ** (1 / beta)``;
+    staleness ``version - last_version``. Mark the chosen ones with ``ReplayOp`` so their
+    staleness resets.
+    """
+    cfg = store.config
+    rng = rng or np.random.default_rng()
+    with store.read() as txn:
+        cur = txn.cursor(store.db["replay"])
+        ids, last = [], []
+        for key, value in cur:
+            ids.append(key[8:])
+            last.append(ix.unpack_version(value))
+            if len(ids) >= cfg.replay_buffer:
+                break
+    if not ids:
+        return []
+    rank = np.arange(1, len(ids) + 1, dtype=np.float64)  # index order is regret-descending
+    score = (1.0 / rank) ** (1.0 / cfg.replay_temperature)
+    p_score = score / score.sum()
+    stale = np.maximum(version - np.asarray(last, dtype=np.float64), 0.0)
+    p_stale = stale / stale.sum() if stale.sum() > 0 else np.full(len(ids), 1.0 / len(ids))
+    p = (1.0 - cfg.replay_staleness) * p_score + cfg.replay_staleness * p_stale
+    p = np.maximum(p, 0.0)
+    p /= p.sum()
+    m = min(n, int(np.count_nonzero(p)))
+    picks = rng.choice(len(ids), size=m, replace=False, p=p)
+    return [ids[i].decode() for i in picks]
