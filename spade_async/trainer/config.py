@@ -30,8 +30,8 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     clip_low: Doc(float, "PPO lower clip range (ratio >= 1 - clip_low)") = 0.2
     clip_high: Doc(float, "PPO upper clip range (ratio <= 1 + clip_high)") = 0.28
     loss_agg: Doc(
-        Literal["token", "sequence"],
-        "token: mean over all loss tokens of the batch; sequence: mean over samples of per-sample means",
+        Literal["token", "seq-mean-token-mean", "seq-mean-token-sum"],
+        "token: mean over the batch's loss tokens; seq-mean-*: mean over samples of their mean/sum",
     ) = "token"
     old_logprobs: Doc(
         Literal["detached", "rollout"],

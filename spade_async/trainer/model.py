@@ -19,10 +19,7 @@ from torch import nn
 
 from spade_async.trainer.config import TrainerConfig
 
-try:  # engineer E's fused kernels
-    from spade_kernels import linear_logprob
-except ImportError:  # pragma: no cover - until kernels/ lands
-    from spade_async.trainer._fallback import linear_logprob
+from spade_kernels import linear_logprob
 
 __all__ = ["PolicyModel", "load_policy", "decoder_layers"]
 

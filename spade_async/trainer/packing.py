@@ -9,9 +9,8 @@ block-diagonal causal mask for sdpa/eager on CPU and into varlen flash-attention
 Position t predicts token t + 1 of the same sample; the last position of each sample gets
 target 0 with weight 0, so the loss never crosses samples either.
 
-Each loss token carries a weight so that the batch loss is the same however the batch is
-split into micro-batches and ranks: token mean -> 1 / (loss tokens in the batch);
-sequence mean -> 1 / (N * loss tokens of its sample).
+The loss normaliser is global (``loss_denominator``: loss tokens, or samples, of the whole
+batch), so the loss is the same however the batch is split into micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import torch
 
 from spade_async.trainer.batch import Sample
 
-__all__ = ["MicroBatch", "plan_microbatches", "build_microbatch", "token_weights"]
+__all__ = ["MicroBatch", "plan_microbatches", "build_microbatch", "loss_denominator"]
 
 
 @dataclass(frozen=True)
@@ -31,11 +30,11 @@ class MicroBatch:
     position_ids: torch.Tensor  # same shape (long)
     attention_mask: torch.Tensor | None  # [B, L] padding mask (padded only), None when packed
     target_T: torch.Tensor  # next token of the same sample (long), 0 where unused
-    weight_T: torch.Tensor  # loss weight of each target (fp32), 0 off the loss mask
     mask_T: torch.Tensor  # 1.0 where the target is a trained token
     advantage_T: torch.Tensor  # the sample's advantage on every position (fp32)
     rollout_logprob_T: torch.Tensor  # engine log-prob of the target (fp32), 0 where unused
     seq_T: torch.Tensor  # global sample index of each position, -1 on padding (long)
+    local_seq_T: torch.Tensor  # sample index within this micro-batch, 0 on padding (long)
     n_tokens: int  # real (non-padding) tokens
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -46,14 +45,11 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def token_weights(samples: list[Sample], agg: str) -> list[float]:
-    """Per-sample weight of one loss token (see the module doc)."""
+def loss_denominator(samples: list[Sample], agg: str) -> float:
+    """Global normaliser: loss tokens of the batch (token agg) or its sample count."""
     if agg == "token":
-        total = sum(sum(s.loss_mask) for s in samples)
-        return [1.0 / total] * len(samples)
-    if agg == "sequence":
-        return [1.0 / (len(samples) * sum(s.loss_mask)) for s in samples]
-    raise ValueError(f"loss_agg '{agg}' is not 'token' or 'sequence'")
+        return float(sum(sum(s.loss_mask) for s in samples))
+    return float(len(samples))
 
 
 def _ffd(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
@@ -118,15 +114,13 @@ def plan_microbatches(
     return plan
 
 
-def build_microbatch(
-    samples: list[Sample], indices: list[int], weights: list[float], *, packed: bool = True
-) -> MicroBatch:
-    """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, weight 0)."""
+def build_microbatch(samples: list[Sample], indices: list[int], *, packed: bool = True) -> MicroBatch:
+    """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, mask 0)."""
     if not indices:
         z = torch.zeros(1, 2, dtype=torch.long)
         f = torch.zeros(2)
-        return MicroBatch(z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f, f,
-                          torch.full((2,), -1), 0)
+        return MicroBatch(z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f,
+                          torch.full((2,), -1), z[0], 0)
     seqs = [samples[i] for i in indices]
     rows = [len(s.token_ids) for s in seqs]
     width = sum(rows) if packed else max(rows)
@@ -134,7 +128,7 @@ def build_microbatch(
     ids = torch.zeros(n_rows, width, dtype=torch.long)
     pos = torch.zeros(n_rows, width, dtype=torch.long)
     tgt = torch.zeros(n_rows, width, dtype=torch.long)
-    wgt = torch.zeros(n_rows, width)
+    loc = torch.zeros(n_rows, width, dtype=torch.long)
     msk = torch.zeros(n_rows, width)
     adv = torch.zeros(n_rows, width)
     rlp = torch.zeros(n_rows, width)
@@ -150,13 +144,13 @@ def build_microbatch(
         m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
         tgt[r, a:b - 1] = ids[r, a + 1:b]
         msk[r, a:b - 1] = m
-        wgt[r, a:b - 1] = m * weights[i]
         adv[r, a:b] = s.advantage
         rlp[r, a:b - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) * m
         seq[r, a:b] = i
+        loc[r, a:b] = k
         if att is not None:
             att[r, a:b] = 1
         offset = b if packed else 0
-    flat = {"target_T": tgt, "weight_T": wgt, "mask_T": msk, "advantage_T": adv,
-            "rollout_logprob_T": rlp, "seq_T": seq}
+    flat = {"target_T": tgt, "mask_T": msk, "advantage_T": adv, "rollout_logprob_T": rlp,
+            "seq_T": seq, "local_seq_T": loc}
     return MicroBatch(ids, pos, att, n_tokens=sum(rows), **{k: v.reshape(-1) for k, v in flat.items()})

@@ -21,12 +21,9 @@ import torch.distributed as dist
 from spade_async.trainer.batch import Batch, validate_batch
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.model import PolicyModel, load_policy
-from spade_async.trainer.packing import build_microbatch, plan_microbatches, token_weights
+from spade_async.trainer.packing import build_microbatch, loss_denominator, plan_microbatches
 
-try:  # engineer E's policy loss
-    from spade_kernels.loss import policy_loss
-except ImportError:  # pragma: no cover - until kernels/ lands
-    from spade_async.trainer._fallback import policy_loss
+from spade_kernels import policy_loss
 
 __all__ = ["Trainer", "lr_lambda"]
 
@@ -67,55 +64,57 @@ class Trainer:
         self.version = 0  # policy version: bumps with every applied step
         self.skipped_steps = 0
 
-    def _loss(self, mb) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, mb, denominator: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         want_entropy = cfg.entropy_coef > 0
         out = self.model(mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask,
                          return_entropy=want_entropy)
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
-        # weight_T folds the loss mask and the batch-wide normaliser together (see packing);
-        # x R because FSDP averages gradients over ranks and we want the batch sum.
-        loss, _ = policy_loss(
-            logprob_T, old_T, mb.advantage_T, mb.weight_T,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg="token",
-            rollout_logprob_T=mb.rollout_logprob_T, tis_cap=cfg.tis_cap,
+        # The denominator is the whole batch's (global) count, divided by R because FSDP
+        # averages gradients over ranks and the batch loss is their sum.
+        loss, metrics = policy_loss(
+            logprob_T, old_T, mb.advantage_T, mb.mask_T,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
+            rollout_logprob_T=mb.rollout_logprob_T if cfg.tis_cap > 0 else None,
+            tis_cap=cfg.tis_cap if cfg.tis_cap > 0 else 1.0,
             ref_logprob_T=mb.rollout_logprob_T if cfg.kl_coef > 0 else None, kl_coef=cfg.kl_coef,
             entropy_T=entropy_T, entropy_coef=cfg.entropy_coef,
-            loss_scale_denominator=1.0 / self.world,
+            seq_ids_T=None if cfg.loss_agg == "token" else mb.local_seq_T,
+            loss_scale_denominator=denominator / self.world,
         )
-        lp = logprob_T.detach()
-        stats = {
-            "logprob_gap": ((lp - mb.rollout_logprob_T).abs() * mb.weight_T).sum(),
-            "logprob": (lp * mb.weight_T).sum(),
-        }
-        if entropy_T is not None:
-            stats["entropy"] = (entropy_T.detach() * mb.weight_T).sum()
-        return loss, stats
+        gap_T = (logprob_T.detach() - mb.rollout_logprob_T).abs() * mb.mask_T
+        metrics["logprob_gap"] = gap_T.sum() / metrics["tokens"].clamp(min=1)
+        metrics.pop("loss")
+        metrics.pop("sequences", None)
+        return loss, metrics
 
     def accumulate(self, batch: Batch) -> tuple[torch.Tensor, list[str], int]:
         """Forward + backward over this rank's micro-batches; gradients stay in ``.grad``.
 
-        Returns a device vector [loss, *stats, tokens] (this rank's share), the stat names
-        and the number of micro-batches.
+        Returns a device vector [loss, *token-weighted metric sums, loss tokens, tokens]
+        (this rank's share; sum it over ranks), the metric names and the micro-batch count.
         """
         samples = batch.samples
-        weights = token_weights(samples, self.cfg.loss_agg)
+        denominator = loss_denominator(samples, self.cfg.loss_agg)
         plan = plan_microbatches([len(s.token_ids) for s in samples], self.world,
                                  self.cfg.micro_batch_tokens, packed=self.cfg.packing)
         acc: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
+        loss_tokens = torch.zeros((), device=self.device)
         n_tokens = 0
         for indices in plan[self.rank]:
-            mb = build_microbatch(samples, indices, weights, packed=self.cfg.packing).to(self.device)
-            loss, stats = self._loss(mb)
+            mb = build_microbatch(samples, indices, packed=self.cfg.packing).to(self.device)
+            loss, metrics = self._loss(mb, denominator)
             loss.backward()
             loss_sum += loss.detach()
             n_tokens += mb.n_tokens
-            for k, v in stats.items():
-                acc[k] = acc.get(k, 0) + v
+            tok = metrics.pop("tokens")
+            loss_tokens += tok
+            for k, v in metrics.items():
+                acc[k] = acc.get(k, 0) + v * tok
         keys = sorted(acc)
-        vec = torch.stack([loss_sum / self.world, *[acc[k] for k in keys],
+        vec = torch.stack([loss_sum / self.world, *[acc[k] for k in keys], loss_tokens,
                            torch.tensor(float(n_tokens), device=self.device)])
         return vec, keys, len(plan[self.rank])
 
@@ -138,14 +137,16 @@ class Trainer:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         values = vec.tolist()
+        loss_tokens, tokens = values[-2], values[-1]
         seconds = time.perf_counter() - t0
         metrics = {"loss": values[0], "grad_norm": float(grad_norm)}
-        metrics.update({k: values[1 + i] for i, k in enumerate(keys)})
+        metrics.update({k: values[1 + i] / max(loss_tokens, 1.0) for i, k in enumerate(keys)})
         metrics.update(
-            tokens=values[-1], samples=float(len(batch.samples)), seconds=seconds,
-            tokens_per_s=values[-1] / max(seconds, 1e-9), lr=self.scheduler.get_last_lr()[0],
-            step=float(self.step), version=float(self.version), skipped=float(not finite),
-            skipped_steps=float(self.skipped_steps), micro_batches=float(n_micro),
+            loss_tokens=loss_tokens, tokens=tokens, samples=float(len(batch.samples)),
+            seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
+            lr=self.scheduler.get_last_lr()[0], step=float(self.step), version=float(self.version),
+            skipped=float(not finite), skipped_steps=float(self.skipped_steps),
+            micro_batches=float(n_micro),
         )
         return metrics
 
