@@ -47,4 +47,3 @@ def main(argv: list[str]) -> int:
             cut = ", truncated" if doc.truncated else ""
             print(f"=== {doc.id} ({doc.words} words{cut}) ===\n{doc.text}\n")
     return 0
-

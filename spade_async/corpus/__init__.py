@@ -29,8 +29,10 @@ def _reader(path_str: str, cfg: CorpusConfig) -> tuple[Reader, str]:
         return JsonlReader(embedded_path(), list(cfg.text_fields)), LABEL
     path = Path(path_str).expanduser()
     if not path.exists():
-        raise ConfigError(f"corpus '{path}' does not exist; pass a JSONL/parquet file, a "
-                          "directory of text files or a saved dataset, or 'embedded'")
+        raise ConfigError(
+            f"corpus '{path}' does not exist; pass a JSONL/parquet file, a "
+            "directory of text files or a saved dataset, or 'embedded'"
+        )
     fields = list(cfg.text_fields)
     try:
         if path.is_dir():
@@ -43,8 +45,9 @@ def _reader(path_str: str, cfg: CorpusConfig) -> tuple[Reader, str]:
             return ParquetReader(path, fields), "parquet"
         return JsonlReader(path, fields), "JSONL"
     except PermissionError as exc:
-        raise ConfigError(f"corpus '{path}' is unreadable ({exc.strerror}); check its "
-                          "permissions") from None
+        raise ConfigError(
+            f"corpus '{path}' is unreadable ({exc.strerror}); check its permissions"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(f"corpus '{path}' is a directory the readers do not know") from None
 
@@ -57,8 +60,10 @@ class Corpus:
         self.kind = kind
         self.config = cfg
         if len(reader) == 0:
-            raise ConfigError(f"corpus '{cfg.path}' ({kind}) holds no documents; point "
-                              "corpus.path at a non-empty corpus")
+            raise ConfigError(
+                f"corpus '{cfg.path}' ({kind}) holds no documents; point "
+                "corpus.path at a non-empty corpus"
+            )
         self._tokens: TokenTruncator | None = None
 
     def __len__(self) -> int:
@@ -85,8 +90,9 @@ class Corpus:
 
         return str(tokenizer_dir("smollm2-135m-instruct"))
 
-    def sample(self, n: int, *, seed: int | None = None,
-               rng: np.random.Generator | None = None) -> list[Document]:
+    def sample(
+        self, n: int, *, seed: int | None = None, rng: np.random.Generator | None = None
+    ) -> list[Document]:
         """``n`` documents drawn uniformly (distinct while ``n <= len``), reproducible by seed."""
         if n < 1:
             raise ConfigError(f"asked for {n} documents; ask for at least 1")
@@ -108,7 +114,9 @@ class Corpus:
 def open_corpus(cfg: CorpusConfig | str) -> Corpus:
     cfg = CorpusConfig(path=cfg) if isinstance(cfg, str) else cfg
     if cfg.max_words < 1 or cfg.max_tokens < 1:
-        raise ConfigError(f"corpus.max_words={cfg.max_words} / max_tokens={cfg.max_tokens}: "
-                          "both must be at least 1")
+        raise ConfigError(
+            f"corpus.max_words={cfg.max_words} / max_tokens={cfg.max_tokens}: "
+            "both must be at least 1"
+        )
     reader, kind = _reader(cfg.path, cfg)
     return Corpus(reader, kind, cfg)

@@ -14,12 +14,22 @@ from spade_async.config import Doc
 class CorpusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Grounding corpus for the designer."""
 
-    path: Doc(str, "JSONL file, parquet file or directory, text/markdown directory, Hugging Face dataset saved to disk, or 'embedded' (a small stand-in built from Python's own docs)") = "embedded"
-    text_fields: Doc(tuple[str, ...], "fields tried in order for a document's text") = ("text", "orig_doc")
+    path: Doc(
+        str,
+        "JSONL file, parquet file or directory, text/markdown directory, Hugging Face dataset saved to disk, or 'embedded' (a small stand-in built from Python's own docs)",
+    ) = "embedded"
+    text_fields: Doc(tuple[str, ...], "fields tried in order for a document's text") = (
+        "text",
+        "orig_doc",
+    )
     truncate: Doc(Literal["words", "tokens"], "unit documents are truncated in") = "words"
     max_words: Doc(int, "documents longer than this many words are cut (SPADE: 6000)") = 6000
-    max_tokens: Doc(int, "documents longer than this many tokens are cut (truncate = 'tokens')") = 8192
-    tokenizer: Doc(str | None, "tokenizer directory for truncate = 'tokens' (default: the run's model)") = None
+    max_tokens: Doc(int, "documents longer than this many tokens are cut (truncate = 'tokens')") = (
+        8192
+    )
+    tokenizer: Doc(
+        str | None, "tokenizer directory for truncate = 'tokens' (default: the run's model)"
+    ) = None
     split: Doc(str, "split to read from a saved Hugging Face DatasetDict") = "train"
 
 

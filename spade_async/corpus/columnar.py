@@ -83,15 +83,19 @@ class ArrowDatasetReader:
         if (path / "dataset_dict.json").is_file():
             splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
             if split not in splits:
-                raise ConfigError(f"corpus '{path}' has splits {splits}, not '{split}'; "
-                                  "set corpus.split to one of them")
+                raise ConfigError(
+                    f"corpus '{path}' has splits {splits}, not '{split}'; "
+                    "set corpus.split to one of them"
+                )
             path = path / split
         try:
             state = json.loads((path / "state.json").read_text())
             files = [path / d["filename"] for d in state["_data_files"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"corpus '{path}' is not a saved Hugging Face dataset "
-                              f"(state.json unreadable: {exc})") from None
+            raise ConfigError(
+                f"corpus '{path}' is not a saved Hugging Face dataset "
+                f"(state.json unreadable: {exc})"
+            ) from None
         self.batches: list[pa.Array] = []
         self.starts: list[int] = []
         total = 0
@@ -127,8 +131,9 @@ class TextDirReader:
     def __init__(self, path: Path):
         self.path = path
         self.name = path.name
-        self.files = sorted(p for p in path.rglob("*") if p.suffix.lower() in self.SUFFIXES
-                            and p.is_file())
+        self.files = sorted(
+            p for p in path.rglob("*") if p.suffix.lower() in self.SUFFIXES and p.is_file()
+        )
 
     def __len__(self) -> int:
         return len(self.files)

@@ -64,8 +64,11 @@ def _modules() -> Iterator[tuple[str, str]]:
             continue
         found = [(name, Path(spec.origin))]
         for folder in spec.submodule_search_locations or []:  # a package: its modules too
-            found += [(f"{name}.{p.stem}", p) for p in sorted(Path(folder).glob("*.py"))
-                      if not p.stem.startswith("_")]
+            found += [
+                (f"{name}.{p.stem}", p)
+                for p in sorted(Path(folder).glob("*.py"))
+                if not p.stem.startswith("_")
+            ]
         for mod, origin in found:
             text = _module_doc(mod, origin)
             if text:

@@ -93,7 +93,11 @@ def load_index(path: Path, fields: list[str]) -> tuple[np.ndarray, np.ndarray, J
     cache = _cache_path(path, fields)
     if cache.is_file():
         with np.load(cache) as z:
-            return z["offsets"], z["line_nos"], msgspec.json.decode(z["meta"].tobytes(), type=JsonlIndex)
+            return (
+                z["offsets"],
+                z["line_nos"],
+                msgspec.json.decode(z["meta"].tobytes(), type=JsonlIndex),
+            )
     offsets, line_nos, index = _scan(path, fields)
     cache.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".npz")
@@ -111,19 +115,26 @@ class JsonlReader:
         self.fields = fields
         self.offsets, self.line_nos, self.index = load_index(path, fields)
         if len(self.offsets) == 0:
-            bad = (f"; all {self.index.skipped} non-blank lines are malformed or lack a "
-                   f"{' / '.join(fields)} string (first: line {self.index.first_bad_line})"
-                   if self.index.skipped else "")
-            raise ConfigError(f"corpus '{path}' has no documents{bad}; pass a JSONL file with "
-                              "one {\"text\": ...} object per line")
+            bad = (
+                f"; all {self.index.skipped} non-blank lines are malformed or lack a "
+                f"{' / '.join(fields)} string (first: line {self.index.first_bad_line})"
+                if self.index.skipped
+                else ""
+            )
+            raise ConfigError(
+                f"corpus '{path}' has no documents{bad}; pass a JSONL file with "
+                'one {"text": ...} object per line'
+            )
         self._f = open(path, "rb")  # noqa: SIM115 - kept open for seeks, closed in close()
 
     @property
     def warning(self) -> str | None:
         if not self.index.skipped:
             return None
-        return (f"corpus '{self.path}': skipped {self.index.skipped} malformed line(s) "
-                f"(first: line {self.index.first_bad_line})")
+        return (
+            f"corpus '{self.path}': skipped {self.index.skipped} malformed line(s) "
+            f"(first: line {self.index.first_bad_line})"
+        )
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -132,7 +143,9 @@ class JsonlReader:
         self._f.seek(int(self.offsets[index]))
         obj = msgspec.json.decode(self._f.readline())
         own = obj.get("id")
-        doc_id = str(own) if isinstance(own, str | int) else f"{self.name}:{int(self.line_nos[index])}"
+        doc_id = (
+            str(own) if isinstance(own, str | int) else f"{self.name}:{int(self.line_nos[index])}"
+        )
         return doc_id, pick_text(obj, self.fields) or ""
 
     def close(self) -> None:

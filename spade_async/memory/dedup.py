@@ -47,7 +47,9 @@ def shingles(code: str, k: int) -> set[bytes]:
 def signature(code: str, *, num_perm: int, k: int) -> np.ndarray:
     """MinHash signature (uint32[num_perm]) of ``code``'s token shingles."""
     m = MinHash(
-        num_perm=num_perm, permutations=_permutations(num_perm), scheme="affine32",
+        num_perm=num_perm,
+        permutations=_permutations(num_perm),
+        scheme="affine32",
         hashfunc=zlib.crc32,
     )
     m.update_batch(list(shingles(code, k)))

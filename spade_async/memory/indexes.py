@@ -69,7 +69,9 @@ def entries(rec: EnvRecord, bounds: dict[str, float]) -> set[Entry]:
     out.add(("band", str(regret_band(regret)).encode(), rid))
     out.add(("recent", recent_prefix(rec.skill) + ns + rid, b""))
     out.add(("recent", ALL_SKILLS + ns + rid, b""))
-    last = rec.stats.last_version if rec.stats.last_version is not None else rec.origin.policy_version
+    last = (
+        rec.stats.last_version if rec.stats.last_version is not None else rec.origin.policy_version
+    )
     out.add(("replay", inv_regret(regret) + rid, pack_version(last)))
     cls = ctx_class(rec, **bounds)
     if cls == "positive":

@@ -54,8 +54,9 @@ class PutResult(msgspec.Struct, frozen=True, kw_only=True):
 Result = PutResult | EnvRecord | None | int
 
 
-def _replace(store: MemoryStore, txn: lmdb.Transaction, old: EnvRecord | None,
-             new: EnvRecord) -> None:
+def _replace(
+    store: MemoryStore, txn: lmdb.Transaction, old: EnvRecord | None, new: EnvRecord
+) -> None:
     bounds = store.config.bounds()
     before = ix.entries(old, bounds) if old is not None else set()
     after = ix.entries(new, bounds)
@@ -88,8 +89,14 @@ def _put(store: MemoryStore, txn: lmdb.Transaction, op: PutOp) -> PutResult:
     rec = op.record
     existing = store.get(rec.id, txn)
     if existing is not None:
-        _replace(store, txn, existing, msgspec.structs.replace(
-            existing, exact_repeats=existing.exact_repeats + 1, updated_at=now()))
+        _replace(
+            store,
+            txn,
+            existing,
+            msgspec.structs.replace(
+                existing, exact_repeats=existing.exact_repeats + 1, updated_at=now()
+            ),
+        )
         _bump(store, txn, b"exact_repeats")
         return PutResult(id=rec.id, outcome="exact_duplicate", duplicate_of=rec.id)
     t = now()
@@ -105,8 +112,12 @@ def _put(store: MemoryStore, txn: lmdb.Transaction, op: PutOp) -> PutResult:
     if twin is not None:
         rec = msgspec.structs.replace(rec, duplicate_of=twin[0], similarity=twin[1])
         original = store.get(twin[0], txn)
-        _replace(store, txn, original, msgspec.structs.replace(
-            original, near_copies=original.near_copies + 1))
+        _replace(
+            store,
+            txn,
+            original,
+            msgspec.structs.replace(original, near_copies=original.near_copies + 1),
+        )
     else:
         for key in keys:
             txn.put(key, rec.id.encode(), db=store.db["bands"])
@@ -114,8 +125,7 @@ def _put(store: MemoryStore, txn: lmdb.Transaction, op: PutOp) -> PutResult:
     _replace(store, txn, None, rec)
     if twin is None:
         return PutResult(id=rec.id, outcome="new")
-    return PutResult(id=rec.id, outcome="near_duplicate", duplicate_of=twin[0],
-                     similarity=twin[1])
+    return PutResult(id=rec.id, outcome="near_duplicate", duplicate_of=twin[0], similarity=twin[1])
 
 
 def _stats(store: MemoryStore, txn: lmdb.Transaction, op: StatsOp) -> EnvRecord | None:
@@ -125,7 +135,8 @@ def _stats(store: MemoryStore, txn: lmdb.Transaction, op: StatsOp) -> EnvRecord 
     s = old.stats
     v = op.version
     stats = Stats(
-        plays_hint=s.plays_hint + op.plays_hint, wins_hint=s.wins_hint + op.wins_hint,
+        plays_hint=s.plays_hint + op.plays_hint,
+        wins_hint=s.wins_hint + op.wins_hint,
         plays_nohint=s.plays_nohint + op.plays_nohint,
         wins_nohint=s.wins_nohint + op.wins_nohint,
         regret_sum=s.regret_sum + (op.regret or 0.0),
@@ -149,8 +160,11 @@ def _replay(store: MemoryStore, txn: lmdb.Transaction, op: ReplayOp) -> int:
             continue
         s = old.stats
         stats = msgspec.structs.replace(
-            s, times_replayed=s.times_replayed + 1, last_version=op.version,
-            first_version=s.first_version if s.first_version is not None else op.version)
+            s,
+            times_replayed=s.times_replayed + 1,
+            last_version=op.version,
+            first_version=s.first_version if s.first_version is not None else op.version,
+        )
         _replace(store, txn, old, msgspec.structs.replace(old, stats=stats, updated_at=now()))
         done += 1
     return done

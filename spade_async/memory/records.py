@@ -153,13 +153,15 @@ def env_id(code: str) -> str:
     return hashlib.sha256(normalize(code).encode("utf-8", errors="replace")).hexdigest()
 
 
-def make_record(source: bytes | str, *, origin: Origin, valid: bool, stage: str,
-                **fields) -> EnvRecord:
+def make_record(
+    source: bytes | str, *, origin: Origin, valid: bool, stage: str, **fields
+) -> EnvRecord:
     """A new record for ``source`` (its id computed from the normalised code)."""
     data = source.encode("utf-8") if isinstance(source, str) else bytes(source)
     code = data.decode("utf-8", errors="replace")
-    return EnvRecord(id=env_id(code), source=data, origin=origin, valid=valid, stage=stage,
-                     **fields)
+    return EnvRecord(
+        id=env_id(code), source=data, origin=origin, valid=valid, stage=stage, **fields
+    )
 
 
 def ctx_class(

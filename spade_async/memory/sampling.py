@@ -73,24 +73,34 @@ def _recent(store: MemoryStore, txn, skill: str | None, n: int) -> list[bytes]:
         return []
     out = []
     while cur.key().startswith(prefix) and len(out) < n:
-        out.append(cur.key()[len(prefix) + 8:])
+        out.append(cur.key()[len(prefix) + 8 :])
         if not cur.prev():
             break
     return out
 
 
-def designer_context(store: MemoryStore, skill: str, *, strategy: Strategy = "spade",
-                     k: int | None = None, rng: np.random.Generator | None = None
-                     ) -> list[Example]:
+def designer_context(
+    store: MemoryStore,
+    skill: str,
+    *,
+    strategy: Strategy = "spade",
+    k: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> list[Example]:
     """Memory examples for a designer prompt about ``skill``."""
     cfg = store.config
     rng = rng or np.random.default_rng()
     with store.read() as txn:
         if strategy == "spade":
-            out = [Example(role="positive", record=r)
-                   for r in _records(store, txn, _positives(store, txn, skill, cfg.n_positive))]
-            classes = [c for c in ("too_easy", "too_hard")
-                       if txn.cursor(store.db["ctx"]).set_key(ix.ctx_key(skill, c))]
+            out = [
+                Example(role="positive", record=r)
+                for r in _records(store, txn, _positives(store, txn, skill, cfg.n_positive))
+            ]
+            classes = [
+                c
+                for c in ("too_easy", "too_hard")
+                if txn.cursor(store.db["ctx"]).set_key(ix.ctx_key(skill, c))
+            ]
             for _ in range(cfg.n_negative if classes else 0):
                 cls = classes[int(rng.integers(len(classes)))]
                 rid = _random_in(store, txn, ix.ctx_key(skill, cls), rng)
@@ -98,8 +108,10 @@ def designer_context(store: MemoryStore, skill: str, *, strategy: Strategy = "sp
             return out
         n = k or cfg.n_positive + cfg.n_negative
         if strategy == "recent":
-            return [Example(role="recent", record=r)
-                    for r in _records(store, txn, _recent(store, txn, skill, n))]
+            return [
+                Example(role="recent", record=r)
+                for r in _records(store, txn, _recent(store, txn, skill, n))
+            ]
         if strategy == "diverse":
             pool = _positives(store, txn, skill, cfg.diverse_pool)
             if len(pool) < n:
@@ -124,8 +136,9 @@ def _max_min(store: MemoryStore, txn, pool: list[bytes], n: int) -> list[bytes]:
     return [pool[i] for i in chosen]
 
 
-def replay_sample(store: MemoryStore, n: int, *, version: int,
-                  rng: np.random.Generator | None = None) -> list[str]:
+def replay_sample(
+    store: MemoryStore, n: int, *, version: int, rng: np.random.Generator | None = None
+) -> list[str]:
     """PLR replay: ``n`` distinct environment ids for the agent at policy ``version``.
 
     Score = rank of regret within the level buffer, ``h = (1 / rank) ** (1 / beta)``;

@@ -33,7 +33,9 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     initial_map_mib: Doc(int, "LMDB map size to start with (MiB); doubles on demand") = 64
     max_batch: Doc(int, "most write ops the writer task commits in one transaction") = 512
     queue_size: Doc(int, "bound of the writer task's input stream") = 4096
-    near_dup_threshold: Doc(float, "estimated Jaccard similarity at or above which an environment is a near-duplicate") = 0.85
+    near_dup_threshold: Doc(
+        float, "estimated Jaccard similarity at or above which an environment is a near-duplicate"
+    ) = 0.85
     num_perm: Doc(int, "MinHash permutations per signature") = 64
     shingle_tokens: Doc(int, "code tokens per shingle for MinHash") = 5
     positive_low: Doc(float, "designer-context positives: lowest no-hint win rate") = 0.15
@@ -43,36 +45,53 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     n_positive: Doc(int, "same-skill positives shown to the designer") = 2
     n_negative: Doc(int, "negatives (too easy / too hard) shown to the designer") = 1
     diverse_pool: Doc(int, "candidates the 'diverse' strategy picks its max-min set from") = 64
-    replay_buffer: Doc(int, "PLR level buffer: the highest-regret environments replay draws from") = 4096
+    replay_buffer: Doc(
+        int, "PLR level buffer: the highest-regret environments replay draws from"
+    ) = 4096
     replay_temperature: Doc(float, "PLR rank-prioritisation temperature (beta)") = 0.1
     replay_staleness: Doc(float, "PLR staleness mixing weight (rho)") = 0.3
 
     def bounds(self) -> dict[str, float]:
-        return {"low": self.positive_low, "high": self.positive_high,
-                "easy": self.too_easy_above, "hard": self.too_hard_below}
+        return {
+            "low": self.positive_low,
+            "high": self.positive_high,
+            "easy": self.too_easy_above,
+            "hard": self.too_hard_below,
+        }
 
 
 class MemoryStore:
     """Open (or create) ``path`` (a directory, e.g. ``RUN_DIR/memory.lmdb``)."""
 
-    def __init__(self, path: str | Path, config: MemoryConfig | None = None, *,
-                 readonly: bool = False):
+    def __init__(
+        self, path: str | Path, config: MemoryConfig | None = None, *, readonly: bool = False
+    ):
         self.path = Path(path)
         self.config = config or MemoryConfig()
         self.readonly = readonly
         if readonly and not (self.path / "data.mdb").is_file():
-            raise ConfigError(f"no environment memory at '{self.path}'; pass the run directory "
-                              "of a run that has one (RUN_DIR/memory.lmdb)")
+            raise ConfigError(
+                f"no environment memory at '{self.path}'; pass the run directory "
+                "of a run that has one (RUN_DIR/memory.lmdb)"
+            )
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
         try:
-            self.env = lmdb.open(str(self.path), map_size=self.config.initial_map_mib * MIB,
-                                 max_dbs=len(ix.TABLES) + 2, readonly=readonly, sync=True,
-                                 metasync=True, readahead=False)
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=self.config.initial_map_mib * MIB,
+                max_dbs=len(ix.TABLES) + 2,
+                readonly=readonly,
+                sync=True,
+                metasync=True,
+                readahead=False,
+            )
         except lmdb.Error as exc:
             raise ConfigError(f"cannot open environment memory '{self.path}': {exc}") from None
-        self.db = {name: self.env.open_db(name.encode(), dupsort=name in ix.DUPSORT,
-                                          create=not readonly) for name in ix.TABLES}
+        self.db = {
+            name: self.env.open_db(name.encode(), dupsort=name in ix.DUPSORT, create=not readonly)
+            for name in ix.TABLES
+        }
         self._check_schema()
 
     def close(self) -> None:
@@ -157,14 +176,17 @@ class MemoryStore:
                         break
                     found.append(raw)
         if not found:
-            raise ConfigError(f"no environment with id '{prefix}' in '{self.path}'; "
-                              "list them with 'spade memory ls'")
+            raise ConfigError(
+                f"no environment with id '{prefix}' in '{self.path}'; "
+                "list them with 'spade memory ls'"
+            )
         if len(found) > 1:
             raise ConfigError(f"environment id '{prefix}' is ambiguous; give more characters")
         return decode(found[0])
 
-    def records(self, *, status: str | None = None, skill: str | None = None,
-                limit: int | None = None) -> Iterator[EnvRecord]:
+    def records(
+        self, *, status: str | None = None, skill: str | None = None, limit: int | None = None
+    ) -> Iterator[EnvRecord]:
         """Records in id order, or through the status / skill index when one is given."""
         with self.read() as txn:
             if status is None and skill is None:
@@ -205,11 +227,17 @@ class MemoryStore:
         skills = {k.decode(): self.count("skill", k) for k in self.keys("skill")}
         bands = {k.decode(): self.count("band", k) for k in self.keys("band")}
         invalid = self.count("status", b"invalid")
-        return {"total": total, "valid": total - invalid, "invalid": invalid,
-                "duplicates": self.count("status", b"duplicate"), "exact_repeats": exact,
-                "by_skill": skills, "regret_bands": bands,
-                "map_size_mib": self.env.info()["map_size"] // MIB,
-                "schema_version": SCHEMA_VERSION}
+        return {
+            "total": total,
+            "valid": total - invalid,
+            "invalid": invalid,
+            "duplicates": self.count("status", b"duplicate"),
+            "exact_repeats": exact,
+            "by_skill": skills,
+            "regret_bands": bands,
+            "map_size_mib": self.env.info()["map_size"] // MIB,
+            "schema_version": SCHEMA_VERSION,
+        }
 
     # -- maintenance ---------------------------------------------------------------------
     def expected_entries(self) -> set[ix.Entry]:

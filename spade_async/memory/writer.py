@@ -39,7 +39,8 @@ class MemoryWriter:
     def __init__(self, store: MemoryStore):
         self.store = store
         self._send, self._recv = anyio.create_memory_object_stream[_Pending](
-            store.config.queue_size)
+            store.config.queue_size
+        )
         self.batches = 0
         self.committed = 0
 
@@ -63,7 +64,8 @@ class MemoryWriter:
     async def _commit(self, batch: list[_Pending]) -> None:
         try:
             results = await anyio.to_thread.run_sync(
-                self.store.apply, [p.op for p in batch], abandon_on_cancel=False)
+                self.store.apply, [p.op for p in batch], abandon_on_cancel=False
+            )
         except Exception as exc:  # the whole transaction failed: every op in it learns why
             for p in batch:
                 p.error = exc
@@ -92,7 +94,8 @@ class MemoryWriter:
         if signature is None and record.valid:  # MinHash off the event loop and the writer
             cfg = self.store.config
             signature = await anyio.to_thread.run_sync(
-                ops.prepare_signature, record, cfg.num_perm, cfg.shingle_tokens)
+                ops.prepare_signature, record, cfg.num_perm, cfg.shingle_tokens
+            )
         return await self.submit(ops.PutOp(record=record, signature=signature))
 
     async def update_stats(self, env_id: str, **kw) -> EnvRecord | None:

@@ -1,0 +1,188 @@
+"""``spade memory ls|show ID|stats|export DEST|import SRC --run RUN_DIR [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import msgspec
+
+from spade_async.corpus_cli import Parser
+from spade_async.errors import ConfigError
+from spade_async.memory.records import EnvRecord
+from spade_async.memory.store import MemoryStore
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = Parser(prog="spade memory", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def cmd(name: str, help: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help)
+        s.add_argument("--run", required=True, type=Path, help="run directory (holds memory.lmdb)")
+        s.add_argument("--json", action="store_true", help="print JSON")
+        return s
+
+    s = cmd("ls", "list environments")
+    s.add_argument("--status", choices=["valid", "invalid", "duplicate"])
+    s.add_argument("--skill")
+    s.add_argument("--limit", type=int, default=None)
+    cmd("show", "one environment, with its code").add_argument("id", help="id or unique prefix")
+    cmd("stats", "counts: total, valid, duplicates, by skill, regret bands")
+    s = cmd("export", "write <id>.py files (byte-identical) and manifest.jsonl")
+    s.add_argument("dest", type=Path)
+    s.add_argument("--status", choices=["valid", "invalid", "duplicate"])
+    s = cmd("import", "validate files in the sandbox and store them (a fixed pool enters here)")
+    s.add_argument("src", type=Path, help="a .py file or a directory of them")
+    s.add_argument(
+        "--skill", help="skill for every file (default: a SKILL constant, else 'unspecified')"
+    )
+    s.add_argument("--setting", choices=["games", "tool_use"])
+    s.add_argument("--seeds", default="0,1,2", help="validation seeds, comma-separated")
+    return p
+
+
+def _origin(rec: EnvRecord) -> str:
+    o = rec.origin
+    return f"{o.kind}@v{o.policy_version}" if o.policy_version is not None else o.kind
+
+
+def row(rec: EnvRecord) -> dict:
+    """The ``ls`` / manifest view of a record."""
+    s = rec.stats
+    return {
+        "id": rec.id,
+        "env_class": rec.env_class,
+        "skill": rec.skill,
+        "status": rec.status,
+        "origin": _origin(rec),
+        "setting": rec.setting,
+        "stage": rec.stage,
+        "doc_id": rec.doc_id,
+        "duplicate_of": rec.duplicate_of,
+        "win_rate_nohint": s.win_rate_nohint,
+        "win_rate_hint": s.win_rate_hint,
+        "regret": s.regret,
+        "times_replayed": s.times_replayed,
+    }
+
+
+def full(rec: EnvRecord) -> dict:
+    out = msgspec.to_builtins(rec)
+    out.pop("source")
+    out["code"] = rec.code
+    out["status"] = rec.status
+    out["stats"].update(
+        win_rate_nohint=rec.stats.win_rate_nohint,
+        win_rate_hint=rec.stats.win_rate_hint,
+        regret=rec.stats.regret,
+        designer_reward=rec.stats.designer_reward,
+    )
+    return out
+
+
+def _print_json(obj) -> None:
+    print(msgspec.json.encode(obj).decode())
+
+
+def _ls(store: MemoryStore, args) -> None:
+    rows = [row(r) for r in store.records(status=args.status, skill=args.skill, limit=args.limit)]
+    if args.json:
+        _print_json(rows)
+        return
+    for r in rows:
+        rate = "-" if r["win_rate_nohint"] is None else f"{r['win_rate_nohint']:.2f}"
+        print(
+            f"{r['id'][:12]}  {r['status']:<9} {r['skill']:<22} {str(r['env_class']):<24} "
+            f"{r['origin']:<12} win={rate} regret={r['regret']:.3f}"
+        )
+
+
+def _show(store: MemoryStore, args) -> None:
+    rec = store.resolve(args.id)
+    if args.json:
+        _print_json(full(rec))
+        return
+    info = full(rec)
+    code = info.pop("code")
+    for key, value in info.items():
+        print(f"{key:>14}: {value}")
+    print("\n" + code)
+
+
+def _stats(store: MemoryStore, args) -> None:
+    st = store.stats()
+    if args.json:
+        _print_json(st)
+        return
+    for key, value in st.items():
+        print(f"{key:>14}: {value}")
+
+
+def _export(store: MemoryStore, args) -> None:
+    dest: Path = args.dest
+    dest.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(dest / "manifest.jsonl", "wb") as manifest:
+        for rec in store.records(status=args.status):
+            (dest / f"{rec.id}.py").write_bytes(rec.source)
+            line = row(rec) | {
+                "file": f"{rec.id}.py",
+                "hints": rec.hints,
+                "reason": rec.reason,
+                "origin_source": rec.origin.source,
+            }
+            manifest.write(msgspec.json.encode(line) + b"\n")
+            n += 1
+    if args.json:
+        _print_json({"exported": n, "dest": str(dest)})
+    else:
+        print(f"exported {n} environments to {dest} (manifest.jsonl)")
+
+
+def _import(args) -> None:
+    import anyio
+
+    from spade_async.memory.importer import import_files
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--seeds '{args.seeds}' is not a comma-separated list of integers"
+        ) from None
+    args.run.mkdir(parents=True, exist_ok=True)
+    with MemoryStore(args.run / "memory.lmdb") as store:
+        outcomes = anyio.run(
+            lambda: import_files(
+                store, args.src, seeds=seeds, skill=args.skill, setting=args.setting
+            )
+        )
+    counts = {"accepted": 0, "rejected": 0, "duplicate": 0}
+    for o in outcomes:
+        counts[o.outcome] += 1
+        why = (
+            o.reason
+            if o.outcome == "rejected"
+            else (f"duplicate of {o.duplicate_of[:12]}" if o.duplicate_of else "valid")
+        )
+        line = f"{o.outcome:<9} {o.path}: {o.stage}: {why}"
+        print(line, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        _print_json(counts)
+    else:
+        print(
+            f"accepted {counts['accepted']}, rejected {counts['rejected']}, "
+            f"duplicate {counts['duplicate']}"
+        )
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "import":
+        _import(args)
+        return 0
+    with MemoryStore(args.run / "memory.lmdb", readonly=True) as store:
+        {"ls": _ls, "show": _show, "stats": _stats, "export": _export}[args.cmd](store, args)
+    return 0

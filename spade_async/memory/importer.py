@@ -1,0 +1,145 @@
+"""``spade memory import``: every file goes through the validation gates, then into memory.
+
+This is how a fixed environment pool enters the system. Files are validated concurrently in
+the sandboxed pool (``spade_async.envs.validate.validate_source``); each becomes a record
+(valid or not, with its stage and reason), written by one ``MemoryWriter``. Files that are
+not UTF-8 text, or too large, are rejected before they reach a sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import msgspec
+
+from spade_async.errors import ConfigError
+from spade_async.memory.records import Origin, make_record
+from spade_async.memory.store import MemoryStore
+from spade_async.memory.writer import MemoryWriter
+
+MAX_BYTES = 1 << 20
+
+
+class FileOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    outcome: Literal["accepted", "rejected", "duplicate"]
+    id: str | None
+    stage: str
+    reason: str
+    duplicate_of: str | None = None
+
+
+def collect(src: Path) -> list[Path]:
+    if not src.exists():
+        raise ConfigError(f"import source '{src}' does not exist; pass a .py file or a directory")
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*.py") if p.is_file())
+    if not files:
+        raise ConfigError(f"import source '{src}' holds no .py files")
+    return files
+
+
+def _skill_of(code: str, default: str | None) -> str:
+    if default:
+        return default
+    try:
+        for node in ast.parse(code).body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in ("SKILL", "skill")
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                return node.value.value
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    m = re.search(r"^#\s*skill:\s*([\w-]+)", code, re.MULTILINE)
+    return m.group(1) if m else "unspecified"
+
+
+def _setting_of(code: str, default: str | None) -> str:
+    if default:
+        return default
+    return "tool_use" if re.search(r"class\s+\w*Env\s*\([^)]*ToolUse", code) else "games"
+
+
+async def _validate(path: Path, data: bytes, pool, seeds) -> tuple[str | None, object | None]:
+    """(rejection reason, verdict): a reason when the file never reaches the gates."""
+    if len(data) > MAX_BYTES:
+        return f"file is {len(data)} bytes, over the {MAX_BYTES}-byte limit", None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text ({exc.reason} at byte {exc.start})", None
+    from spade_async.envs.validate import validate_source
+
+    return None, await validate_source(source, pool=pool, seeds=seeds)
+
+
+async def import_files(
+    store: MemoryStore,
+    src: Path,
+    *,
+    seeds: tuple[int, ...] = (0, 1, 2),
+    skill: str | None = None,
+    setting: str | None = None,
+    kind: Literal["import", "pool"] = "import",
+) -> list[FileOutcome]:
+    from spade_async.envs.pool import EnvPool
+
+    files = collect(src)
+    outcomes: list[FileOutcome | None] = [None] * len(files)
+    writer = MemoryWriter(store)
+    async with EnvPool() as pool, anyio.create_task_group() as tg:
+        await tg.start(writer.run)
+        limit = anyio.CapacityLimiter(max(1, pool.config.max_workers))
+
+        async def one(i: int, path: Path) -> None:
+            async with limit:
+                data = path.read_bytes()
+                reason, verdict = await _validate(path, data, pool, list(seeds))
+            code = data.decode("utf-8", errors="replace")
+            fields = dict(
+                skill=_skill_of(code, skill),
+                setting=_setting_of(code, setting),
+                origin=Origin(kind=kind, source=str(path)),
+            )
+            if verdict is None:
+                rec = make_record(data, valid=False, stage="read", reason=reason, **fields)
+            else:
+                rec = make_record(
+                    data,
+                    valid=bool(verdict.valid),
+                    stage=verdict.stage,
+                    reason=verdict.reason,
+                    env_class=verdict.env_class,
+                    multi_turn=verdict.multi_turn,
+                    feasibility=verdict.feasibility,
+                    **fields,
+                )
+            put = await writer.put(rec)
+            if not rec.valid:
+                outcome = "rejected"
+            elif put.outcome == "new":
+                outcome = "accepted"
+            else:
+                outcome = "duplicate"
+            outcomes[i] = FileOutcome(
+                path=str(path),
+                outcome=outcome,
+                id=rec.id,
+                stage=rec.stage,
+                reason=rec.reason or "",
+                duplicate_of=put.duplicate_of,
+            )
+
+        async with anyio.create_task_group() as files_tg:
+            for i, path in enumerate(files):
+                files_tg.start_soon(one, i, path)
+        writer.close()
+    return [o for o in outcomes if o is not None]
