@@ -1,0 +1,349 @@
+"""The one generation client: token in, token out, over SGLang's native HTTP API.
+
+Talks to SGLang servers (GPU) and to the project's CPU engine (``server.py``) alike.
+Every request has a timeout; transport failures (refused, reset, timed out, 5xx) are
+retried with exponential backoff, then raise one ``EngineError`` naming the URL. A 4xx
+(e.g. a prompt longer than the context) raises ``EngineRequestError`` at once: the request
+was bad, the engine is fine. A ``CapacityLimiter`` bounds in-flight requests; routing picks
+the least-loaded healthy engine, and ``session_key`` keeps a multi-turn episode on the
+engine that already holds its prefix (SGLang's radix cache then reuses it).
+
+    async with GenerationClient(["http://127.0.0.1:30000"]) as client:
+        res = await client.generate(ids, SamplingParams(max_new_tokens=64, temperature=0.6))
+        res.output_ids, res.logprobs, res.finish_reason, res.weight_version
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.errors import SpadeError
+from spade_async.generation.protocol import (
+    GenerateOutput,
+    GenerateReqInput,
+    ModelInfo,
+    SamplingParams,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
+    UpdateWeightsReqOutput,
+)
+
+__all__ = [
+    "ClientConfig", "GenerateResult", "EngineError", "EngineRequestError", "GenerationClient",
+]
+
+
+class EngineError(SpadeError):
+    """An engine could not be reached or kept failing; the message names its URL."""
+
+
+class EngineRequestError(EngineError):
+    """The engine rejected the request (HTTP 4xx); the request, not the engine, is at fault."""
+
+
+class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    request_timeout_s: Doc(float, "wall-clock limit for one HTTP request (a whole generation)") = 600.0
+    connect_timeout_s: Doc(float, "limit for opening a connection to an engine") = 5.0
+    max_retries: Doc(int, "retries after a transport failure or 5xx before EngineError") = 3
+    backoff_s: Doc(float, "first retry delay; doubles each retry") = 0.5
+    backoff_max_s: Doc(float, "cap on one retry delay") = 8.0
+    max_concurrency: Doc(int, "most requests in flight across all engines") = 256
+    health_timeout_s: Doc(float, "limit for one /health probe") = 5.0
+    max_sessions: Doc(int, "sticky session_key -> engine entries kept (oldest dropped)") = 100_000
+
+
+class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
+    output_ids: list[int]
+    logprobs: list[float]  # per output token; see logprob_convention.py; [] if not requested
+    finish_reason: str  # "stop" | "length" | "abort"
+    matched: int | str | None  # the stop token id or stop string that ended generation
+    text: str
+    weight_version: str | None
+    prompt_tokens: int
+    url: str
+
+
+_RETRY_STATUS = frozenset({500, 502, 503, 504})
+_GEN_DECODER = msgspec.json.Decoder(GenerateOutput | list[GenerateOutput])
+
+
+class GenerationClient:
+    def __init__(self, urls: Sequence[str], config: ClientConfig | None = None) -> None:
+        if not urls:
+            raise EngineError("GenerationClient needs at least one engine URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.config = config or ClientConfig()
+        self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
+        self._inflight = dict.fromkeys(self.urls, 0)
+        self._down: set[str] = set()
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=self.config.max_concurrency + 16),
+        )
+
+    async def __aenter__(self) -> GenerationClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---- routing ---------------------------------------------------------------------------
+    def inflight(self) -> dict[str, int]:
+        """Requests in flight per engine (for the dashboard)."""
+        return dict(self._inflight)
+
+    def pick(self, session_key: str | None = None) -> str:
+        """Least-loaded healthy engine; the same one for a session while it stays healthy."""
+        if session_key is not None:
+            url = self._sessions.get(session_key)
+            if url is not None and url not in self._down:
+                self._sessions.move_to_end(session_key)
+                return url
+        healthy = [u for u in self.urls if u not in self._down] or self.urls
+        url = min(healthy, key=lambda u: self._inflight[u])
+        if session_key is not None:
+            self._sessions[session_key] = url
+            if len(self._sessions) > self.config.max_sessions:
+                self._sessions.popitem(last=False)
+        return url
+
+    def end_session(self, session_key: str) -> None:
+        self._sessions.pop(session_key, None)
+
+    # ---- generation ------------------------------------------------------------------------
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        *,
+        return_logprob: bool = True,
+        session_key: str | None = None,
+    ) -> GenerateResult:
+        """One completion for one prompt (``sampling.n`` must be 1; see ``generate_n``)."""
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise ValueError(f"generate() takes n=1, got n={sampling.n}; use generate_n()")
+        return (await self.generate_n(input_ids, sampling, return_logprob=return_logprob,
+                                      session_key=session_key))[0]
+
+    async def generate_n(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        return_logprob: bool = True,
+        session_key: str | None = None,
+    ) -> list[GenerateResult]:
+        """``sampling.n`` completions of one prompt, in sample order."""
+        req = GenerateReqInput(
+            input_ids=list(input_ids), sampling_params=sampling, return_logprob=return_logprob
+        )
+        async with self._limiter:
+            url = self.pick(session_key)
+            self._inflight[url] += 1
+            try:
+                body = await self._post(url, "/generate", msgspec.json.encode(req))
+            finally:
+                self._inflight[url] -= 1
+        try:
+            outs = _GEN_DECODER.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EngineError(f"engine {url} sent a malformed /generate reply: {exc}") from None
+        outs = outs if isinstance(outs, list) else [outs]
+        return [_result(o, url) for o in outs]
+
+    # ---- control ---------------------------------------------------------------------------
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every engine's /health once; unhealthy ones get no new sessions."""
+        status: dict[str, bool] = {}
+
+        async def probe(url: str) -> None:
+            try:
+                with anyio.fail_after(self.config.health_timeout_s):
+                    resp = await self._http.get(url + "/health")
+                status[url] = resp.status_code == 200
+            except (httpx.HTTPError, TimeoutError):
+                status[url] = False
+
+        async with anyio.create_task_group() as tg:
+            for url in self.urls:
+                tg.start_soon(probe, url)
+        self._down = {u for u, ok in status.items() if not ok}
+        return status
+
+    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
+        with anyio.move_on_after(timeout_s):
+            while True:
+                if all((await self.check_health()).values()):
+                    return
+                await anyio.sleep(poll_s)
+        raise EngineError(f"engines not healthy after {timeout_s:.0f} s: {', '.join(sorted(self._down))}")
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self._all("/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._all("/continue_generation", {})
+
+    async def flush_cache(self) -> None:
+        await self._all("/flush_cache", None)
+
+    async def weight_versions(self) -> dict[str, str | None]:
+        """Each engine's current weight version (from /get_model_info)."""
+        out: dict[str, str | None] = {}
+
+        async def one(url: str) -> None:
+            try:
+                body = await self._request("GET", url, "/get_model_info", None)
+            except EngineRequestError:  # newer SGLang renamed it
+                body = await self._request("GET", url, "/model_info", None)
+            out[url] = msgspec.json.decode(body, type=ModelInfo).weight_version
+
+        async with anyio.create_task_group() as tg:
+            for url in self.urls:
+                tg.start_soon(one, url)
+        return out
+
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, abort_all_requests: bool = False
+    ) -> dict[str, str | None]:
+        req = UpdateWeightFromDiskReqInput(
+            model_path=model_path, weight_version=weight_version, abort_all_requests=abort_all_requests
+        )
+        return await self._update("/update_weights_from_disk", req)
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, *, ranks_per_engine: Sequence[int] | None = None,
+        group_name: str = "weight_update_group", backend: str = "nccl",
+    ) -> None:
+        """Join every engine to the trainer's NCCL group: trainer is rank 0, engine i's TP
+        ranks follow (``rank_offset`` = 1 + ranks of the engines before it)."""
+        from spade_async.generation.sglang import weight_group_requests
+
+        ranks = list(ranks_per_engine or [1] * len(self.urls))
+        if len(ranks) != len(self.urls):
+            raise ValueError(f"ranks_per_engine has {len(ranks)} entries for {len(self.urls)} engines")
+        reqs = weight_group_requests(
+            ranks, master_address, master_port, group_name=group_name, backend=backend
+        )
+        async with anyio.create_task_group() as tg:
+            for url, req in zip(self.urls, reqs, strict=True):
+                tg.start_soon(self._checked, url, "/init_weights_update_group", req)
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
+        group_name: str = "weight_update_group", weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, str | None]:
+        req = UpdateWeightsFromDistributedReqInput(
+            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name,
+            weight_version=weight_version, flush_cache=flush_cache,
+        )
+        return await self._update("/update_weights_from_distributed", req)
+
+    async def update_weights_from_tensor(
+        self, serialized_named_tensors: list[str], *, load_format: str | None = None,
+        weight_version: str | None = None, flush_cache: bool = True,
+    ) -> dict[str, str | None]:
+        req = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=serialized_named_tensors, load_format=load_format,
+            weight_version=weight_version, flush_cache=flush_cache,
+        )
+        return await self._update("/update_weights_from_tensor", req)
+
+    # ---- plumbing --------------------------------------------------------------------------
+    async def _update(self, path: str, req: msgspec.Struct) -> dict[str, str | None]:
+        async with anyio.create_task_group() as tg:
+            for url in self.urls:
+                tg.start_soon(self._checked, url, path, req)
+        return await self.weight_versions()
+
+    async def _checked(self, url: str, path: str, req: msgspec.Struct) -> None:
+        try:
+            body = await self._post(url, path, msgspec.json.encode(req))
+        except EngineRequestError as exc:
+            raise EngineError(f"engine {url}{path} failed: {exc}") from None
+        out = msgspec.json.decode(body, type=UpdateWeightsReqOutput)
+        if not out.success:
+            raise EngineError(f"engine {url}{path} failed: {out.message}")
+
+    async def _all(self, path: str, payload: Any) -> None:
+        data = None if payload is None else msgspec.json.encode(payload)
+        async with anyio.create_task_group() as tg:
+            for url in self.urls:
+                tg.start_soon(self._post, url, path, data)
+
+    async def _post(self, url: str, path: str, data: bytes | None) -> bytes:
+        return await self._request("POST", url, path, data)
+
+    async def _request(self, method: str, url: str, path: str, data: bytes | None) -> bytes:
+        cfg, last = self.config, ""
+        for attempt in range(cfg.max_retries + 1):
+            if attempt:
+                await anyio.sleep(min(cfg.backoff_s * 2 ** (attempt - 1), cfg.backoff_max_s))
+            try:
+                with anyio.fail_after(cfg.request_timeout_s):
+                    resp = await self._http.request(
+                        method, url + path, content=data,
+                        headers={"content-type": "application/json"} if data is not None else None,
+                    )
+            except TimeoutError:
+                last = f"no reply within {cfg.request_timeout_s:.0f} s"
+                continue
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                continue
+            if resp.status_code in _RETRY_STATUS:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code >= 400:
+                raise EngineRequestError(f"engine {url}{path} rejected the request: {_message(resp)}")
+            self._down.discard(url)
+            return resp.content
+        self._down.add(url)
+        raise EngineError(
+            f"engine {url}{path} failed after {cfg.max_retries + 1} attempts ({last}); "
+            "is the server running and healthy?"
+        )
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in body:
+            return str(body["message"])
+    return f"HTTP {resp.status_code}: {str(body)[:300]}"
+
+
+def _result(out: GenerateOutput, url: str) -> GenerateResult:
+    meta = out.meta_info
+    finish = meta.finish_reason
+    lps = meta.output_token_logprobs or []
+    return GenerateResult(
+        output_ids=list(out.output_ids),
+        logprobs=[float(lp[0]) for lp in lps],
+        finish_reason=finish.type if finish is not None else "abort",
+        matched=finish.matched if finish is not None else None,
+        text=out.text,
+        weight_version=meta.weight_version,
+        prompt_tokens=meta.prompt_tokens,
+        url=url,
+    )

@@ -1,0 +1,209 @@
+"""SGLang launcher: build, start, health-wait, supervise, restart and stop SGLang servers.
+
+Thin adapter around ``python -m sglang.launch_server`` (matched against SGLang v0.5.x
+server arguments: ``--model-path --host --port --tp-size --mem-fraction-static
+--base-gpu-id --weight-version``). SGLang is never imported here: it runs in its own
+process, where its side effects stay (it installs uvloop as the event-loop policy, forces
+the ``spawn`` start method, installs SIGCHLD/SIGQUIT handlers and kills its process tree
+on a child failure). The server gets its GPUs through ``CUDA_VISIBLE_DEVICES`` (so
+``--base-gpu-id 0``), runs in its own session so ``stop`` can end the whole process group,
+and gets ``SGLANG_RETURN_ORIGINAL_LOGPROB=0`` so its log-probs follow
+``logprob_convention.py`` (temperature-scaled).
+
+The NCCL weight-update group: the trainer is rank 0, engine ``i``'s TP ranks follow;
+``weight_group_requests`` builds the ``/init_weights_update_group`` bodies and
+``GenerationClient.init_weights_update_group`` sends them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import anyio
+import anyio.abc
+import httpx
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.errors import ConfigError
+from spade_async.generation.client import EngineError
+from spade_async.generation.protocol import InitWeightsUpdateGroupReqInput
+
+__all__ = ["SGLangConfig", "SGLangServer", "build_command", "weight_group_requests"]
+
+
+class SGLangConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model_path: Doc(str, "HF model directory (or hub id) the server loads")
+    gpu_ids: Doc(list[int], "GPUs this server uses (CUDA_VISIBLE_DEVICES); one per TP rank")
+    port: Doc(int, "HTTP port") = 30000
+    host: Doc(str, "bind address") = "127.0.0.1"
+    tp_size: Doc(int, "tensor-parallel size; must equal len(gpu_ids)") = 1
+    mem_fraction_static: Doc(float, "GPU memory fraction for weights + KV cache") = 0.8
+    weight_version: Doc(str, "initial weight version the server reports") = "0"
+    extra_args: Doc(list[str], "passed through to sglang.launch_server verbatim") = []
+    python: Doc(str, "interpreter to run SGLang with; empty = this one") = ""
+    module: Doc(str, "launch module (tests substitute a fake)") = "sglang.launch_server"
+    start_timeout_s: Doc(float, "limit for the server to answer /health after launch") = 900.0
+    stop_timeout_s: Doc(float, "grace period after SIGTERM before SIGKILL") = 30.0
+    max_restarts: Doc(int, "restarts of a crashed server before giving up") = 3
+    log_path: Doc(str, "file for the server's stdout/stderr; empty = inherit") = ""
+
+
+def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) for one server."""
+    if cfg.tp_size < 1 or len(cfg.gpu_ids) != cfg.tp_size:
+        raise ConfigError(
+            f"SGLang server on port {cfg.port}: tp_size={cfg.tp_size} but gpu_ids={cfg.gpu_ids}; "
+            "give one GPU id per tensor-parallel rank"
+        )
+    if not 0 < cfg.mem_fraction_static <= 1:
+        raise ConfigError(f"mem_fraction_static={cfg.mem_fraction_static} must be in (0, 1]")
+    argv = [
+        cfg.python or sys.executable, "-m", cfg.module,
+        "--model-path", cfg.model_path,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--tp-size", str(cfg.tp_size),
+        "--mem-fraction-static", str(cfg.mem_fraction_static),
+        "--base-gpu-id", "0",
+        "--weight-version", cfg.weight_version,
+        *cfg.extra_args,
+    ]
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpu_ids),
+        "SGLANG_RETURN_ORIGINAL_LOGPROB": "0",
+    }
+    return argv, env
+
+
+def weight_group_requests(
+    tp_sizes: Sequence[int], master_address: str, master_port: int, *,
+    group_name: str = "weight_update_group", backend: str = "nccl",
+) -> list[InitWeightsUpdateGroupReqInput]:
+    """One ``/init_weights_update_group`` body per engine: trainer rank 0, engines after it."""
+    world = 1 + sum(tp_sizes)
+    offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
+    return [
+        InitWeightsUpdateGroupReqInput(
+            master_address=master_address, master_port=master_port, rank_offset=off,
+            world_size=world, group_name=group_name, backend=backend,
+        )
+        for off in offsets
+    ]
+
+
+class SGLangServer:
+    """One SGLang server process. ``async with`` or ``run`` inside a task group."""
+
+    def __init__(self, cfg: SGLangConfig) -> None:
+        self.cfg = cfg
+        self.argv, self.env = build_command(cfg)
+        self.process: anyio.abc.Process | None = None
+        self.restarts = 0
+        self._log: IO[bytes] | None = None
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
+        return f"http://{host}:{self.cfg.port}"
+
+    async def __aenter__(self) -> SGLangServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Launch and wait for /health; on timeout or early exit, kill it and raise EngineError."""
+        self._stopping = False
+        out: IO[bytes] | None = None
+        if self.cfg.log_path:
+            Path(self.cfg.log_path).parent.mkdir(parents=True, exist_ok=True)
+            out = self._log = open(self.cfg.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = await anyio.open_process(
+            self.argv, env={**os.environ, **self.env}, stdin=None, stdout=out, stderr=out,
+            start_new_session=True,
+        )
+        try:
+            await self._wait_healthy()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_healthy(self) -> None:
+        proc, deadline = self.process, self.cfg.start_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            with anyio.move_on_after(deadline):
+                while True:
+                    if proc.returncode is not None:
+                        raise EngineError(
+                            f"SGLang server {self.url} exited with status {proc.returncode} during "
+                            f"start-up; see {self.cfg.log_path or 'its output'}"
+                        )
+                    try:
+                        if (await http.get(self.url + "/health")).status_code == 200:
+                            return
+                    except httpx.TransportError:
+                        pass
+                    await anyio.sleep(0.5)
+        raise EngineError(
+            f"SGLang server {self.url} not healthy within {deadline:.0f} s; "
+            f"see {self.cfg.log_path or 'its output'} (raise start_timeout_s for large models)"
+        )
+
+    async def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL after ``stop_timeout_s``."""
+        self._stopping = True
+        proc, self.process = self.process, None
+        if proc is not None and proc.returncode is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            with anyio.move_on_after(self.cfg.stop_timeout_s):
+                await proc.wait()
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                with anyio.CancelScope(shield=True):
+                    await proc.wait()
+        if proc is not None:
+            await proc.aclose()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.restarts += 1
+        await self.start()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start, report the URL through ``task_status``, restart on crashes; stop on cancel."""
+        try:
+            await self.start()
+            task_status.started(self.url)
+            while True:
+                proc = self.process
+                await proc.wait()
+                if self._stopping:
+                    return
+                if self.restarts >= self.cfg.max_restarts:
+                    raise EngineError(
+                        f"SGLang server {self.url} crashed (status {proc.returncode}) after "
+                        f"{self.restarts} restarts; see {self.cfg.log_path or 'its output'}"
+                    )
+                await self.restart()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
