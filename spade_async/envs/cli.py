@@ -1,0 +1,64 @@
+"""``spade env check FILE.py [--seeds 0,1,2] [--json]`` -- run the validation gates.
+
+Exit status: 0 valid, 1 rejected, 2 usage error (missing file, bad flag, bad seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from spade_async.errors import UsageError
+
+_GATES = ("syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
+          "feasibility")  # fmt: skip
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(
+            f"--seeds {text!r} is not a comma-separated list of integers; write --seeds 0,1,2"
+        ) from None
+    if not seeds:
+        raise UsageError("--seeds is empty; write --seeds 0,1,2")
+    return seeds
+
+
+def _human(v) -> str:
+    lines = []
+    if v.valid:
+        lines += [f"  pass  {g}" for g in _GATES]
+    elif v.stage in _GATES:
+        lines += [f"  pass  {g}" for g in _GATES[: _GATES.index(v.stage)]]
+        lines.append(f"  FAIL  {v.stage}: {v.reason}")
+    else:  # a resource stage (timeout, memory, crash, output_too_large) or multi_turn
+        lines.append(f"  FAIL  {v.stage}: {v.reason}")
+    lines += [f"  note  {w}" for w in v.warnings]
+    head = "VALID" if v.valid else f"REJECTED at {v.stage}"
+    extra = f"class={v.env_class} multi_turn={v.multi_turn} feasibility={v.feasibility}"
+    lines.append(f"{head}: {extra} isolation={v.isolation} ({v.seconds:.2f} s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="spade env", description="environment tools")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    check = sub.add_parser("check", help="run the validation gates on an environment file")
+    check.add_argument("file", help="environment .py file")
+    check.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    from spade_async.envs.validate import check_file  # after argument errors: fast usage
+
+    verdict = check_file(args.file, seeds)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(verdict).decode() + "\n")
+    else:
+        print(f"{args.file}:")
+        print(_human(verdict))
+    return 0 if verdict.valid else 1

