@@ -46,10 +46,12 @@ class PolicyModel(nn.Module):
         )
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
-        return linear_logprob(
+        out = linear_logprob(
             hidden_TD, weight_VD, target_T, temperature=self.temperature,
             return_entropy=return_entropy,
         )
+        # FSDP's pre-backward hook must not sit on a view: return fresh [T] tensors.
+        return tuple(t.clone() for t in out) if return_entropy else out.clone()
 
 
 def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
@@ -79,7 +81,6 @@ def load_policy(
     causal_lm = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
     )
-    causal_lm.config.use_cache = False
     if cfg.activation_checkpointing:
         causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     causal_lm.train()

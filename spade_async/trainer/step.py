@@ -63,6 +63,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken
         self.version = 0  # policy version: bumps with every applied step
         self.skipped_steps = 0
+        self.control_group = None  # gloo group for RPC broadcasts (set by main on NCCL)
 
     def _loss(self, mb, denominator: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg

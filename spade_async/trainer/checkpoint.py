@@ -1,0 +1,184 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) and Hugging Face safetensors export.
+
+A checkpoint directory holds the DCP shards of model + optimizer (every rank writes its
+own), ``trainer.json`` (step, version, skipped steps, scheduler state, every parameter's
+full shape) from rank 0, and ``rng-rank{R}.pt`` per rank. ``load_checkpoint`` compares
+shapes first, so a checkpoint of another model is one clear error, not a DCP traceback.
+
+``export_hf`` gathers full weights to rank 0 (CPU) and writes ``model.safetensors`` +
+config + tokenizer files: a directory transformers, SGLang and the CPU engine load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from spade_async.errors import SpadeError
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "export_hf", "full_state_dict"]
+
+PREFIX = "causal_lm."
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+    "generation_config.json", "added_tokens.json",
+)
+
+
+class CheckpointError(SpadeError):
+    """A checkpoint that cannot be loaded into this trainer (missing, or another model)."""
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    """DCP warns when used without a process group; in one process that is what we mean."""
+    with warnings.catch_warnings():
+        if not _dist():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _barrier() -> None:
+    if _dist():
+        dist.barrier()
+
+
+def _shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    return {name: list(p.shape) for name, p in model.named_parameters()}  # DTensor: global shape
+
+
+def save_checkpoint(trainer, directory: str | Path) -> Path:
+    """Every rank calls this; returns the directory."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    with _single_process_ok():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path),
+                 no_dist=not _dist())
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, path / f"rng-rank{trainer.rank}.pt")
+    if trainer.rank == 0:
+        meta = {
+            "step": trainer.step, "version": trainer.version,
+            "skipped_steps": trainer.skipped_steps, "world_size": trainer.world,
+            "scheduler": trainer.scheduler.state_dict(), "shapes": _shapes(trainer.model),
+        }
+        tmp = path / "trainer.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path / "trainer.json")
+    _barrier()
+    return path
+
+
+def _check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], path: Path) -> None:
+    for name, shape in current.items():
+        if name not in saved:
+            raise CheckpointError(
+                f"checkpoint '{path}' has no parameter '{name.removeprefix(PREFIX)}': it was saved "
+                "from another model; set trainer.model to that model or start without --load"
+            )
+        if saved[name] != shape:
+            raise CheckpointError(
+                f"checkpoint '{path}' holds '{name.removeprefix(PREFIX)}' of shape {saved[name]} but "
+                f"this model's is {shape}: it was saved from another model shape; set "
+                "trainer.model to the model it was trained from"
+            )
+    extra = sorted(set(saved) - set(current))
+    if extra:
+        raise CheckpointError(
+            f"checkpoint '{path}' has parameters this model lacks ({extra[0].removeprefix(PREFIX)}"
+            f", {len(extra)} in all): it was saved from another model"
+        )
+
+
+def load_checkpoint(trainer, directory: str | Path) -> dict:
+    """Every rank calls this; restores model, optimizer, schedule, counters and RNG."""
+    path = Path(directory)
+    meta_file = path / "trainer.json"
+    if not meta_file.is_file():
+        raise CheckpointError(f"'{path}' is not a trainer checkpoint (no trainer.json)")
+    meta = json.loads(meta_file.read_text())
+    _check_shapes(meta["shapes"], _shapes(trainer.model), path)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not _dist())
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    trainer.scheduler.load_state_dict(meta["scheduler"])
+    trainer.step, trainer.version = meta["step"], meta["version"]
+    trainer.skipped_steps = meta["skipped_steps"]
+    rng_file = path / f"rng-rank{trainer.rank}.pt"
+    if rng_file.is_file():  # a different world size keeps fresh RNG on the new ranks
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    _barrier()
+    return meta
+
+
+def full_state_dict(trainer) -> dict[str, torch.Tensor]:
+    """Hugging Face-named full CPU weights on rank 0 ({} elsewhere); every rank calls this."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(trainer.model, options=opts)
+    if trainer.rank != 0:
+        return {}
+    out = {k.removeprefix(PREFIX): v.detach().to("cpu").contiguous() for k, v in sd.items()}
+    if getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)  # tied: transformers re-ties it from the embedding
+    return out
+
+
+def export_hf(trainer, directory: str | Path) -> Path:
+    """Every rank calls this; rank 0 writes the directory atomically (temp dir + rename)."""
+    from safetensors.torch import save_file
+
+    weights = full_state_dict(trainer)
+    target = Path(directory)
+    if trainer.rank == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+        try:
+            save_file({k: v.clone() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt", "spade_version": str(trainer.version)})
+            trainer.model.causal_lm.config.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:
+                src = trainer.model_dir / name
+                if src.is_file():
+                    shutil.copy2(src, tmp / name)
+            (tmp / "spade_version.json").write_text(json.dumps({"version": trainer.version}))
+            if target.exists():
+                old = target.with_name(f".{target.name}-old-{os.getpid()}")
+                target.rename(old)
+                tmp.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    _barrier()
+    return target
