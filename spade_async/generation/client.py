@@ -238,9 +238,9 @@ class GenerationClient:
         reqs = weight_group_requests(
             ranks, master_address, master_port, group_name=group_name, backend=backend
         )
-        async with anyio.create_task_group() as tg:
-            for url, req in zip(self.urls, reqs, strict=True):
-                tg.start_soon(self._checked, url, "/init_weights_update_group", req)
+        await self._fan_out(
+            [(url, "/init_weights_update_group", req) for url, req in zip(self.urls, reqs, strict=True)]
+        )
 
     async def update_weights_from_distributed(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
@@ -265,25 +265,33 @@ class GenerationClient:
 
     # ---- plumbing --------------------------------------------------------------------------
     async def _update(self, path: str, req: msgspec.Struct) -> dict[str, str | None]:
-        async with anyio.create_task_group() as tg:
-            for url in self.urls:
-                tg.start_soon(self._checked, url, path, req)
+        await self._fan_out([(url, path, req) for url in self.urls])
         return await self.weight_versions()
 
-    async def _checked(self, url: str, path: str, req: msgspec.Struct) -> None:
-        try:
-            body = await self._post(url, path, msgspec.json.encode(req))
-        except EngineRequestError as exc:
-            raise EngineError(f"engine {url}{path} failed: {exc}") from None
-        out = msgspec.json.decode(body, type=UpdateWeightsReqOutput)
-        if not out.success:
-            raise EngineError(f"engine {url}{path} failed: {out.message}")
+    async def _fan_out(self, calls: list[tuple[str, str, Any]]) -> None:
+        """Send every call concurrently; all failures become one EngineError."""
+        errors: list[str] = []
+
+        async def one(url: str, path: str, req: Any) -> None:
+            try:
+                data = None if req is None else msgspec.json.encode(req)
+                body = await self._post(url, path, data)
+            except EngineError as exc:
+                errors.append(str(exc))
+                return
+            if path.startswith(("/update_weights", "/init_weights")):
+                out = msgspec.json.decode(body, type=UpdateWeightsReqOutput)
+                if not out.success:
+                    errors.append(f"engine {url}{path} failed: {out.message}")
+
+        async with anyio.create_task_group() as tg:
+            for call in calls:
+                tg.start_soon(one, *call)
+        if errors:
+            raise EngineError("; ".join(sorted(errors)))
 
     async def _all(self, path: str, payload: Any) -> None:
-        data = None if payload is None else msgspec.json.encode(payload)
-        async with anyio.create_task_group() as tg:
-            for url in self.urls:
-                tg.start_soon(self._post, url, path, data)
+        await self._fan_out([(url, path, payload) for url in self.urls])
 
     async def _post(self, url: str, path: str, data: bytes | None) -> bytes:
         return await self._request("POST", url, path, data)
@@ -309,7 +317,7 @@ class GenerationClient:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             if resp.status_code >= 400:
-                raise EngineRequestError(f"engine {url}{path} rejected the request: {_message(resp)}")
+                raise EngineRequestError(f"engine {url}{path}: {_message(resp)}")
             self._down.discard(url)
             return resp.content
         self._down.add(url)

@@ -90,6 +90,7 @@ class Engine:
         self.active: list[Sequence] = []
         self.cache: Any = None
         self.mask_BT: torch.Tensor | None = None
+        self.stats = {"prefills": 0, "decode_steps": 0, "max_batch": 0, "tokens": 0}
 
     # ---- public, thread-safe -------------------------------------------------------------
     def start(self) -> None:
@@ -230,6 +231,8 @@ class Engine:
             **{_cache_kw(self.model): cache},
         )
         self._merge(seqs, cache, mask_GL)  # DynamicCache is filled in place
+        self.stats["prefills"] += 1
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(self.active))
         self._sample_and_finish(out.logits[:, -1, :], first_row=len(self.active) - G)
 
     def _decode(self) -> None:
@@ -245,6 +248,8 @@ class Engine:
             **{_cache_kw(self.model): self.cache},
         )
         self.mask_BT = mask_BT
+        self.stats["decode_steps"] += 1
+        self.stats["max_batch"] = max(self.stats["max_batch"], B)
         self._sample_and_finish(out.logits[:, -1, :], first_row=0)
 
     def _merge(self, seqs: list[Sequence], cache: Any, mask_GL: torch.Tensor) -> None:
@@ -267,6 +272,7 @@ class Engine:
             token = _sample(logprobs_BV[b], seq.params, seq.generator)
             seq.output_ids.append(token)
             seq.logprobs.append(float(logprobs_BV[b, token]))
+            self.stats["tokens"] += 1
             self._check_finish(seq)
         done = [i for i, s in enumerate(self.active) if s.finish is not None]
         if done:

@@ -54,7 +54,7 @@ from spade_async.generation.protocol import (
     UpdateWeightsReqOutput,
 )
 
-__all__ = ["EngineApp", "build_app", "main"]
+__all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
 
 
 class BadRequest(Exception):
@@ -209,7 +209,7 @@ class EngineApp:
         return JSONResponse({"weight_version": self.engine.weight_version})
 
     async def load(self, request: Request) -> Response:
-        return JSONResponse({"num_requests": self.engine.load()})
+        return JSONResponse({"num_requests": self.engine.load(), **self.engine.stats})
 
     async def flush_cache(self, request: Request) -> Response:
         return Response("Cache flushed.", status_code=200)
@@ -312,6 +312,33 @@ def make_engine_app(
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
     engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version)
     return EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: EngineApp, *, host: str = "127.0.0.1", port: int = 0):
+    """Serve ``app`` from a background thread (tests, benchmarks); yields the base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(build_app(app), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("in-thread engine server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
