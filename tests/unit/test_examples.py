@@ -111,3 +111,34 @@ def test_running_out_of_turns_truncates_with_partial_reward(path):
         assert steps < 100
     assert truncated and not terminated
     assert 0.0 <= reward < 1.0 or reward == pytest.approx(-0.1)
+
+
+@pytest.fixture(scope="module")
+def sandboxed_verdicts():
+    """Every example through the real gates, in one sandboxed pool."""
+    import anyio
+
+    from spade_async.envs.pool import EnvPool, PoolConfig
+    from spade_async.envs.validate import validate_source
+
+    async def run():
+        async with EnvPool(PoolConfig(max_workers=4, prewarm=2)) as pool:
+            return {p.name: await validate_source(p.read_text(), pool=pool) for p in ALL}
+
+    return anyio.run(run)
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_examples_pass_the_sandboxed_gates(path, sandboxed_verdicts):
+    verdict = sandboxed_verdicts[path.name]
+    assert (verdict.valid, verdict.stage) == (True, "ok"), verdict.reason
+    assert verdict.multi_turn is True and verdict.feasibility == "proven"
+    assert verdict.env_class and verdict.env_class.endswith("Env")
+    assert verdict.warnings == []
+
+
+def test_check_file_on_a_tool_use_example_relies_on_injection():
+    from spade_async.envs.validate import check_file
+
+    verdict = check_file(HERE / "org_chart_tool.py", seeds=(4, 5))
+    assert verdict.valid and verdict.env_class == "OrgChartEnv" and verdict.feasibility == "proven"

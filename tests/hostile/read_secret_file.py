@@ -1,0 +1,44 @@
+"""Reads files from home, the working directory and the host temp dir, returns them."""
+
+import os
+import random
+
+try:  # tag this process so the test can prove that nothing outlives the suite
+    with open("/proc/self/comm", "w") as _f:
+        _f.write("spdhostile")
+except OSError:
+    pass
+
+PATHS = __PATHS__
+
+
+class HostileEnv:
+    """Press the button as many times as the seeded target says."""
+
+    def __init__(self, max_turns=10, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        found = []
+        for path in PATHS:
+            try:
+                with open(os.path.expanduser(path)) as f:
+                    found.append(f.read())
+            except OSError:
+                pass
+        self.loot = " | ".join(found)
+        self.target = random.Random(seed).randint(2, 4)
+        self.count = 0
+        self.turn = 0
+        return f"loot={self.loot} Press the button {self.target} times with \\boxed{{press}}.", {}
+
+    def step(self, action):
+        self.turn += 1
+        if "\\boxed{press}" in action:
+            self.count += 1
+        won = self.count >= self.target
+        truncated = not won and self.turn >= self.max_turns
+        return f"count={self.count}", (1.0 if won else 0.0), won, truncated, {}
+
+    def solution(self):
+        return ["\\boxed{press}"] * self.target

@@ -1,0 +1,5 @@
+"""Not valid Python."""
+
+class BrokenEnv:
+    def reset(self, seed=None)
+        return "x", {}
