@@ -122,7 +122,7 @@ def sandboxed_verdicts():
     from spade_async.envs.validate import validate_source
 
     async def run():
-        async with EnvPool(PoolConfig(max_workers=4, prewarm=2)) as pool:
+        async with EnvPool(PoolConfig(max_workers=4, prewarm=0)) as pool:
             return {p.name: await validate_source(p.read_text(), pool=pool) for p in ALL}
 
     return anyio.run(run)
