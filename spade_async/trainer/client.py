@@ -38,6 +38,7 @@ class TrainerClient:
                  connect_timeout: float = 10.0, poll_s: float = 0.5) -> None:
         self.socket_path = socket_path
         self._alive = alive or (lambda: None)
+        self._grace_s = 10.0 if alive is not None else 0.0
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._sock = self._connect(connect_timeout)
@@ -68,7 +69,7 @@ class TrainerClient:
                 rpc.send_frame(self._sock, req)
                 reply = self._wait(deadline, type(req).__name__)
             except (ConnectionError, BrokenPipeError) as exc:
-                raise TrainerDied(self._alive() or f"trainer connection lost ({exc})") from None
+                raise TrainerDied(self._why_gone(exc)) from None
         if isinstance(reply, rpc.Failed):
             if reply.fatal:
                 raise TrainerDied(f"trainer crashed: {reply.message}")
@@ -85,6 +86,17 @@ class TrainerClient:
                 raise TrainerDied(dead)
             if deadline is not None and time.monotonic() > deadline:
                 raise TrainerDied(f"trainer did not answer {what} in time")
+
+    def _why_gone(self, exc: Exception) -> str:
+        """The socket broke: give torchrun a moment to exit so the reason names the rank."""
+        deadline = time.monotonic() + self._grace_s
+        while True:
+            dead = self._alive()
+            if dead:
+                return dead
+            if time.monotonic() >= deadline:
+                return f"trainer connection lost ({exc})"
+            time.sleep(0.1)
 
     # -- the API ----------------------------------------------------------------------------
     def ping(self, timeout: float | None = 60.0) -> rpc.Pong:

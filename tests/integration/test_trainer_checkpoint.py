@@ -1,0 +1,84 @@
+"""Checkpoint resume across processes, HF export, and another-shape checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spade_async.trainer.batch import Batch, Sample
+from spade_async.trainer.config import TrainerConfig
+from spade_async.trainer.launch import TrainerProcess
+
+
+def _batch(step: int) -> Batch:
+    g = torch.Generator().manual_seed(step)
+    samples = []
+    for i in range(4):
+        n = 6 + 3 * i
+        ids = torch.randint(0, 49152, (n,), generator=g).tolist()
+        mask = [0] * 3 + [1] * (n - 3)
+        samples.append(Sample(token_ids=ids, loss_mask=mask, advantage=float(i) - 1.5,
+                              rollout_logprobs=[-10.5 * m for m in mask]))
+    return Batch(samples=samples)
+
+
+def _cfg(model) -> TrainerConfig:
+    # warm-up + cosine so the resumed schedule matters; old log-probs from the rollout so the
+    # clipped ratio (not just the sign of the gradient) depends on the restored weights
+    return TrainerConfig(model=str(model), lr=3e-3, warmup_steps=2, total_steps=4,
+                         old_logprobs="rollout", start_timeout_s=120)
+
+
+def test_resume_in_fresh_process_matches_straight_run(tiny_model, tmp_path):
+    with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "a") as client:
+        lrs = [client.train_step(_batch(s))["lr"] for s in range(4)]
+        client.export_hf(str(tmp_path / "straight"))
+    with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "b") as client:
+        for s in range(2):
+            client.train_step(_batch(s))
+        client.save(str(tmp_path / "ck"))
+    with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "c") as client:
+        loaded = client.load(str(tmp_path / "ck"))
+        assert (loaded.step, loaded.version) == (2, 2)
+        resumed_lrs = [client.train_step(_batch(s))["lr"] for s in (2, 3)]
+        client.export_hf(str(tmp_path / "resumed"))
+    assert resumed_lrs == lrs[2:]
+    a = load_file(tmp_path / "straight" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "model.safetensors")
+    init = load_file(next(tiny_model.glob("*.safetensors")))
+    assert a.keys() == b.keys()
+    assert not torch.allclose(a["model.norm.weight"], init["model.norm.weight"])
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5)
+
+
+def test_hf_export_loads_with_transformers_same_logits(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from spade_async.trainer.checkpoint import export_hf
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(_cfg(tiny_model), tiny_model)
+    trainer.train_step(_batch(0))
+    out = export_hf(trainer, tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([_batch(1).samples[3].token_ids])
+    with torch.no_grad():
+        want = trainer.model.causal_lm(ids).logits
+        got = hf(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+
+
+def test_checkpoint_of_another_shape_is_one_clear_error(tiny_model, tmp_path):
+    from spade_async.models import tiny_model_dir
+    from spade_async.trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from spade_async.trainer.step import Trainer
+
+    save_checkpoint(Trainer(_cfg(tiny_model), tiny_model), tmp_path / "ck")
+    other = tiny_model_dir(tmp_path / "wide", hidden_size=32)
+    trainer = Trainer(_cfg(other), other)
+    with pytest.raises(CheckpointError, match=r"of shape \[49152, 64\] but this model's is "
+                                              r"\[49152, 32\].*another model shape"):
+        load_checkpoint(trainer, tmp_path / "ck")
