@@ -107,7 +107,9 @@ def resolve_model(name: str) -> Path:
             f"model '{name}' is neither an embedded model ({known}) nor a local directory"
         )
     if not (path / "config.json").is_file():
-        raise ConfigError(f"model directory '{path}' has no config.json; is it a Hugging Face model?")
+        raise ConfigError(
+            f"model directory '{path}' has no config.json; is it a Hugging Face model?"
+        )
     return path
 
 
@@ -172,6 +174,8 @@ def load_causal_lm(name: str | Path, *, dtype: str = "float32"):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"model '{path}' is not a loadable causal LM: {first}") from None
     if getattr(model.config, "is_encoder_decoder", False):
-        raise ConfigError(f"model '{path}' is an encoder-decoder model; a causal (decoder-only) LM is needed")
+        raise ConfigError(
+            f"model '{path}' is an encoder-decoder model; a causal (decoder-only) LM is needed"
+        )
     model.eval()
     return model, tokenizer

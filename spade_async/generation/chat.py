@@ -44,10 +44,15 @@ def render_text(
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
     if tokenizer.chat_template is None:
-        raise ConfigError(f"tokenizer '{tokenizer.name_or_path}' has no chat template; use an instruct model")
+        raise ConfigError(
+            f"tokenizer '{tokenizer.name_or_path}' has no chat template; use an instruct model"
+        )
     return tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False,
-        add_generation_prompt=add_generation_prompt, **kwargs,
+        list(messages),
+        tools=list(tools) if tools else None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
     )
 
 
@@ -63,7 +68,9 @@ def render_prompt(
     enable_thinking: bool | None = None,
 ) -> list[int]:
     """Prompt token ids ending with the assistant generation prompt."""
-    return _encode(tokenizer, render_text(tokenizer, messages, tools=tools, enable_thinking=enable_thinking))
+    return _encode(
+        tokenizer, render_text(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
+    )
 
 
 class Conversation:
@@ -89,7 +96,10 @@ class Conversation:
         self._end_tail = self._turn_end_tail()
 
     def add_assistant(
-        self, output_ids: Sequence[int], logprobs: Sequence[float] | None = None, text: str | None = None
+        self,
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        text: str | None = None,
     ) -> None:
         """Append the generated ids verbatim (loss mask 1) and record the message."""
         if logprobs is not None and len(logprobs) != len(output_ids):
@@ -125,7 +135,10 @@ class Conversation:
 
     def _render(self, messages: list[dict], gen: bool) -> str:
         return render_text(
-            self.tokenizer, messages, tools=self.tools, enable_thinking=self.enable_thinking,
+            self.tokenizer,
+            messages,
+            tools=self.tools,
+            enable_thinking=self.enable_thinking,
             add_generation_prompt=gen,
         )
 
@@ -134,8 +147,10 @@ class Conversation:
         text = self._render(self._base(), gen=False)
         at = text.rfind(_SENTINEL)
         if at < 0:
-            raise ConfigError("chat template drops assistant content; cannot build multi-turn prompts")
-        return text[at + len(_SENTINEL):]
+            raise ConfigError(
+                "chat template drops assistant content; cannot build multi-turn prompts"
+            )
+        return text[at + len(_SENTINEL) :]
 
     def _end_of_turn_ids(self) -> list[int]:
         """Template tokens that close the last assistant turn after its generated ids."""
@@ -143,7 +158,7 @@ class Conversation:
         if self._last_output and self._last_output[-1] in set(self.tokenizer.all_special_ids):
             stop_text = self.tokenizer.decode(self._last_output[-1:], skip_special_tokens=False)
             if stop_text and tail.startswith(stop_text):  # stopped on the end-of-turn token
-                return _encode(self.tokenizer, tail[len(stop_text):])
+                return _encode(self.tokenizer, tail[len(stop_text) :])
         return _encode(self.tokenizer, tail)  # stopped on length or a stop string
 
     def _turns_text(self, turns: Sequence[dict]) -> str:
@@ -151,11 +166,11 @@ class Conversation:
         the suffix after the base assistant's content and end-of-turn tail."""
         after = self._render(self._base() + [dict(t) for t in turns], gen=True)
         at = after.rfind(_SENTINEL)
-        suffix = after[at + len(_SENTINEL):] if at >= 0 else ""
+        suffix = after[at + len(_SENTINEL) :] if at >= 0 else ""
         if at < 0 or not suffix.startswith(self._end_tail):
             roles = ", ".join(t["role"] for t in turns)
             raise ConfigError(
                 f"chat template renders an assistant turn differently once ({roles}) turns follow; "
                 "this template cannot be used for multi-turn episodes"
             )
-        return suffix[len(self._end_tail):]
+        return suffix[len(self._end_tail) :]

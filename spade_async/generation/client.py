@@ -37,7 +37,11 @@ from spade_async.generation.protocol import (
 )
 
 __all__ = [
-    "ClientConfig", "GenerateResult", "EngineError", "EngineRequestError", "GenerationClient",
+    "ClientConfig",
+    "GenerateResult",
+    "EngineError",
+    "EngineRequestError",
+    "GenerationClient",
 ]
 
 
@@ -50,7 +54,9 @@ class EngineRequestError(EngineError):
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    request_timeout_s: Doc(float, "wall-clock limit for one HTTP request (a whole generation)") = 600.0
+    request_timeout_s: Doc(float, "wall-clock limit for one HTTP request (a whole generation)") = (
+        600.0
+    )
     connect_timeout_s: Doc(float, "limit for opening a connection to an engine") = 5.0
     max_retries: Doc(int, "retries after a transport failure or 5xx before EngineError") = 3
     backoff_s: Doc(float, "first retry delay; doubles each retry") = 0.5
@@ -86,7 +92,9 @@ class GenerationClient:
         self._down: set[str] = set()
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
+            timeout=httpx.Timeout(
+                self.config.request_timeout_s, connect=self.config.connect_timeout_s
+            ),
             limits=httpx.Limits(max_connections=self.config.max_concurrency + 16),
         )
 
@@ -135,8 +143,11 @@ class GenerationClient:
         sampling = sampling or SamplingParams()
         if sampling.n != 1:
             raise ValueError(f"generate() takes n=1, got n={sampling.n}; use generate_n()")
-        return (await self.generate_n(input_ids, sampling, return_logprob=return_logprob,
-                                      session_key=session_key))[0]
+        return (
+            await self.generate_n(
+                input_ids, sampling, return_logprob=return_logprob, session_key=session_key
+            )
+        )[0]
 
     async def generate_n(
         self,
@@ -189,7 +200,9 @@ class GenerationClient:
                 if all((await self.check_health()).values()):
                     return
                 await anyio.sleep(poll_s)
-        raise EngineError(f"engines not healthy after {timeout_s:.0f} s: {', '.join(sorted(self._down))}")
+        raise EngineError(
+            f"engines not healthy after {timeout_s:.0f} s: {', '.join(sorted(self._down))}"
+        )
 
     async def pause(self, mode: str = "abort") -> None:
         await self._all("/pause_generation", {"mode": mode})
@@ -217,16 +230,27 @@ class GenerationClient:
         return out
 
     async def update_weights_from_disk(
-        self, model_path: str, *, weight_version: str | None = None, abort_all_requests: bool = False
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
     ) -> dict[str, str | None]:
         req = UpdateWeightFromDiskReqInput(
-            model_path=model_path, weight_version=weight_version, abort_all_requests=abort_all_requests
+            model_path=model_path,
+            weight_version=weight_version,
+            abort_all_requests=abort_all_requests,
         )
         return await self._update("/update_weights_from_disk", req)
 
     async def init_weights_update_group(
-        self, master_address: str, master_port: int, *, ranks_per_engine: Sequence[int] | None = None,
-        group_name: str = "weight_update_group", backend: str = "nccl",
+        self,
+        master_address: str,
+        master_port: int,
+        *,
+        ranks_per_engine: Sequence[int] | None = None,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
     ) -> None:
         """Join every engine to the trainer's NCCL group: trainer is rank 0, engine i's TP
         ranks follow (``rank_offset`` = 1 + ranks of the engines before it)."""
@@ -234,32 +258,52 @@ class GenerationClient:
 
         ranks = list(ranks_per_engine or [1] * len(self.urls))
         if len(ranks) != len(self.urls):
-            raise ValueError(f"ranks_per_engine has {len(ranks)} entries for {len(self.urls)} engines")
+            raise ValueError(
+                f"ranks_per_engine has {len(ranks)} entries for {len(self.urls)} engines"
+            )
         reqs = weight_group_requests(
             ranks, master_address, master_port, group_name=group_name, backend=backend
         )
         await self._fan_out(
-            [(url, "/init_weights_update_group", req) for url, req in zip(self.urls, reqs, strict=True)]
+            [
+                (url, "/init_weights_update_group", req)
+                for url, req in zip(self.urls, reqs, strict=True)
+            ]
         )
 
     async def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
-        group_name: str = "weight_update_group", weight_version: str | None = None,
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
         flush_cache: bool = True,
     ) -> dict[str, str | None]:
         req = UpdateWeightsFromDistributedReqInput(
-            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name,
-            weight_version=weight_version, flush_cache=flush_cache,
+            names=names,
+            dtypes=dtypes,
+            shapes=shapes,
+            group_name=group_name,
+            weight_version=weight_version,
+            flush_cache=flush_cache,
         )
         return await self._update("/update_weights_from_distributed", req)
 
     async def update_weights_from_tensor(
-        self, serialized_named_tensors: list[str], *, load_format: str | None = None,
-        weight_version: str | None = None, flush_cache: bool = True,
+        self,
+        serialized_named_tensors: list[str],
+        *,
+        load_format: str | None = None,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
     ) -> dict[str, str | None]:
         req = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=serialized_named_tensors, load_format=load_format,
-            weight_version=weight_version, flush_cache=flush_cache,
+            serialized_named_tensors=serialized_named_tensors,
+            load_format=load_format,
+            weight_version=weight_version,
+            flush_cache=flush_cache,
         )
         return await self._update("/update_weights_from_tensor", req)
 
@@ -304,7 +348,9 @@ class GenerationClient:
             try:
                 with anyio.fail_after(cfg.request_timeout_s):
                     resp = await self._http.request(
-                        method, url + path, content=data,
+                        method,
+                        url + path,
+                        content=data,
                         headers={"content-type": "application/json"} if data is not None else None,
                     )
             except TimeoutError:

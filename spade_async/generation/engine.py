@@ -260,7 +260,9 @@ class Engine:
         width = max(T, L)
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
             old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)], dim=0)
-            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)], dim=0)
+            old.values = torch.cat(
+                [_left_pad(old.values, width), _left_pad(new.values, width)], dim=0
+            )
         self.mask_BT = torch.cat([_left_pad(self.mask_BT, width), _left_pad(mask_GL, width)], dim=0)
         self.active.extend(seqs)
 
@@ -320,7 +322,9 @@ def _cache_kw(model: Any) -> str:
     """transformers >= 5.2x calls the KV-cache argument ``cache``; older 5.x ``past_key_values``."""
     kw = getattr(model, "_spade_cache_kw", None)
     if kw is None:
-        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        kw = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
         model._spade_cache_kw = kw
     return kw
 
@@ -344,7 +348,9 @@ def _sample(logprobs_V: torch.Tensor, params: SamplingParams, generator: torch.G
         kth = torch.topk(probs_V, params.top_k).values[-1]
         probs_V = torch.where(probs_V >= kth, probs_V, torch.zeros_like(probs_V))
     if params.min_p > 0:
-        probs_V = torch.where(probs_V >= params.min_p * probs_V.max(), probs_V, torch.zeros_like(probs_V))
+        probs_V = torch.where(
+            probs_V >= params.min_p * probs_V.max(), probs_V, torch.zeros_like(probs_V)
+        )
     if params.top_p < 1.0:
         sorted_V, order_V = torch.sort(probs_V, descending=True)
         cum_V = sorted_V.cumsum(0)

@@ -26,9 +26,17 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
-    "SamplingParams", "GenerateReqInput", "FinishReason", "MetaInfo", "GenerateOutput",
-    "UpdateWeightFromDiskReqInput", "UpdateWeightsReqOutput", "InitWeightsUpdateGroupReqInput",
-    "UpdateWeightsFromDistributedReqInput", "UpdateWeightsFromTensorReqInput", "ModelInfo",
+    "SamplingParams",
+    "GenerateReqInput",
+    "FinishReason",
+    "MetaInfo",
+    "GenerateOutput",
+    "UpdateWeightFromDiskReqInput",
+    "UpdateWeightsReqOutput",
+    "InitWeightsUpdateGroupReqInput",
+    "UpdateWeightsFromDistributedReqInput",
+    "UpdateWeightsFromTensorReqInput",
+    "ModelInfo",
     "ErrorBody",
 ]
 
@@ -55,7 +63,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_un
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-class GenerateReqInput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+class GenerateReqInput(
+    msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
     """``POST /generate``. ``input_ids`` is one prompt (list of ints) or a batch (list of lists)."""
 
     input_ids: list[int | list[int]] | None = None

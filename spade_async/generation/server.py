@@ -83,7 +83,10 @@ class EngineApp:
         try:
             req = self._decode_gen.decode(await request.body())
             prompts, params, rids, single = self._normalise(req)
-            seqs = [self._sequences(p, sp, rid) for p, sp, rid in zip(prompts, params, rids, strict=True)]
+            seqs = [
+                self._sequences(p, sp, rid)
+                for p, sp, rid in zip(prompts, params, rids, strict=True)
+            ]
         except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
             return _error(str(exc))
         flat = [s for group in seqs for s in group]
@@ -98,7 +101,9 @@ class EngineApp:
         if req.top_logprobs_num:
             raise BadRequest("top_logprobs_num is not supported by the CPU engine; send 0")
         if req.return_logprob and req.logprob_start_len not in (-1,):
-            raise BadRequest("input-token log-probs (logprob_start_len >= 0) are not supported by the CPU engine")
+            raise BadRequest(
+                "input-token log-probs (logprob_start_len >= 0) are not supported by the CPU engine"
+            )
         if (req.input_ids is None) == (req.text is None):
             raise BadRequest("give exactly one of input_ids or text")
         if req.input_ids is not None:
@@ -234,7 +239,9 @@ class EngineApp:
         try:
             model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
         except Exception as exc:  # a failed load is an answer, the old weights keep serving
-            out = UpdateWeightsReqOutput(success=False, message=f"failed to load {req.model_path}: {exc}")
+            out = UpdateWeightsReqOutput(
+                success=False, message=f"failed to load {req.model_path}: {exc}"
+            )
             return _json(out, status=400)
         running = self.engine.load()
         version = req.weight_version or _next_version(self.engine.weight_version)
@@ -253,7 +260,9 @@ class EngineApp:
 
         model, _ = load_causal_lm(path, dtype=self.dtype)
         if int(model.config.vocab_size) != self.vocab_size:
-            raise ValueError(f"vocab size {model.config.vocab_size} != serving model's {self.vocab_size}")
+            raise ValueError(
+                f"vocab size {model.config.vocab_size} != serving model's {self.vocab_size}"
+            )
         return model
 
     async def unsupported(self, request: Request) -> Response:
@@ -293,15 +302,22 @@ def build_app(app: EngineApp) -> Starlette:
         Route("/update_weights_from_disk", app.update_from_disk, methods=["POST"]),
     ]
     for path in (
-        "/init_weights_update_group", "/update_weights_from_distributed",
-        "/update_weights_from_tensor", "/release_memory_occupation", "/resume_memory_occupation",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
     ):
         routes.append(Route(path, app.unsupported, methods=["POST"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
 def make_engine_app(
-    model: str, *, dtype: str = "float32", max_running: int = 64, context_length: int | None = None,
+    model: str,
+    *,
+    dtype: str = "float32",
+    max_running: int = 64,
+    context_length: int | None = None,
     weight_version: str = "0",
 ) -> EngineApp:
     """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model."""
@@ -347,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-running", type=int, default=64, help="max sequences decoded together")
+    parser.add_argument(
+        "--max-running", type=int, default=64, help="max sequences decoded together"
+    )
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--weight-version", default="0")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -358,8 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         app = make_engine_app(
-            args.model, dtype=args.dtype, max_running=args.max_running,
-            context_length=args.context_length, weight_version=args.weight_version,
+            args.model,
+            dtype=args.dtype,
+            max_running=args.max_running,
+            context_length=args.context_length,
+            weight_version=args.weight_version,
         )
     except SpadeError as exc:
         print(f"spade-engine: error: {exc}", file=sys.stderr)

@@ -64,14 +64,23 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
     if not 0 < cfg.mem_fraction_static <= 1:
         raise ConfigError(f"mem_fraction_static={cfg.mem_fraction_static} must be in (0, 1]")
     argv = [
-        cfg.python or sys.executable, "-m", cfg.module,
-        "--model-path", cfg.model_path,
-        "--host", cfg.host,
-        "--port", str(cfg.port),
-        "--tp-size", str(cfg.tp_size),
-        "--mem-fraction-static", str(cfg.mem_fraction_static),
-        "--base-gpu-id", "0",
-        "--weight-version", cfg.weight_version,
+        cfg.python or sys.executable,
+        "-m",
+        cfg.module,
+        "--model-path",
+        cfg.model_path,
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--tp-size",
+        str(cfg.tp_size),
+        "--mem-fraction-static",
+        str(cfg.mem_fraction_static),
+        "--base-gpu-id",
+        "0",
+        "--weight-version",
+        cfg.weight_version,
         *cfg.extra_args,
     ]
     env = {
@@ -82,16 +91,24 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
 
 
 def weight_group_requests(
-    tp_sizes: Sequence[int], master_address: str, master_port: int, *,
-    group_name: str = "weight_update_group", backend: str = "nccl",
+    tp_sizes: Sequence[int],
+    master_address: str,
+    master_port: int,
+    *,
+    group_name: str = "weight_update_group",
+    backend: str = "nccl",
 ) -> list[InitWeightsUpdateGroupReqInput]:
     """One ``/init_weights_update_group`` body per engine: trainer rank 0, engines after it."""
     world = 1 + sum(tp_sizes)
     offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
     return [
         InitWeightsUpdateGroupReqInput(
-            master_address=master_address, master_port=master_port, rank_offset=off,
-            world_size=world, group_name=group_name, backend=backend,
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=off,
+            world_size=world,
+            group_name=group_name,
+            backend=backend,
         )
         for off in offsets
     ]
@@ -128,7 +145,11 @@ class SGLangServer:
             Path(self.cfg.log_path).parent.mkdir(parents=True, exist_ok=True)
             out = self._log = open(self.cfg.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = await anyio.open_process(
-            self.argv, env={**os.environ, **self.env}, stdin=None, stdout=out, stderr=out,
+            self.argv,
+            env={**os.environ, **self.env},
+            stdin=None,
+            stdout=out,
+            stderr=out,
             start_new_session=True,
         )
         try:
@@ -178,10 +199,12 @@ class SGLangServer:
 
     async def restart(self) -> None:
         await self.stop()
-        self.restarts += 1
         await self.start()
+        self.restarts += 1
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Start, report the URL through ``task_status``, restart on crashes; stop on cancel."""
         try:
             await self.start()

@@ -7,7 +7,12 @@ import httpx
 import pytest
 import torch
 
-from spade_async.generation.client import ClientConfig, EngineError, EngineRequestError, GenerationClient
+from spade_async.generation.client import (
+    ClientConfig,
+    EngineError,
+    EngineRequestError,
+    GenerationClient,
+)
 from spade_async.generation.logprob_convention import token_logprobs
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.server import make_engine_app, serve_in_thread

@@ -1,0 +1,143 @@
+"""Client failure handling without a model: dead ports, slow engines, engines dying mid-request."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import anyio
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from spade_async.generation.client import ClientConfig, EngineError, GenerationClient
+from spade_async.generation.protocol import SamplingParams
+
+FAST = ClientConfig(max_retries=2, backoff_s=0.05, request_timeout_s=0.5, connect_timeout_s=0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_port_is_retried_then_named():
+    url = f"http://127.0.0.1:{_free_port()}"
+
+    async def main():
+        async with GenerationClient([url], FAST) as client:
+            await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=rf"{url}/generate failed after 3 attempts \(ConnectError"):
+        anyio.run(main)
+    assert time.monotonic() - t0 >= 0.05 + 0.1  # two backoffs: 0.05 s then 0.1 s
+
+
+def _serve(app) -> tuple[str, callable]:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+
+    def stop():
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
+
+
+def test_slow_engine_times_out_every_attempt():
+    calls = []
+
+    async def slow(request):
+        calls.append(1)
+        await anyio.sleep(3)
+        return JSONResponse({})
+
+    url, stop = _serve(Starlette(routes=[Route("/generate", slow, methods=["POST"])]))
+    try:
+        async def main():
+            async with GenerationClient([url], FAST) as client:
+                await client.generate([1], SamplingParams(max_new_tokens=1))
+
+        with pytest.raises(EngineError, match=rf"{url}/generate failed after 3 attempts"):
+            anyio.run(main)
+        assert len(calls) == 3
+    finally:
+        stop()
+
+
+def test_engine_dying_mid_request_is_retried():
+    """A server that accepts and then drops the connection, twice, then answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    reply = (b'{"text": "", "output_ids": [5], "meta_info": {"id": "r", "prompt_tokens": 1, '
+             b'"completion_tokens": 1, "finish_reason": {"type": "length", "length": 1}, '
+             b'"output_token_logprobs": [[-0.25, 5, null]], "weight_version": "3"}}')
+
+    def serve():
+        for attempt in range(3):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            if attempt < 2:
+                conn.close()  # dies mid-request
+                continue
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(reply)).encode() + b"\r\nconnection: close\r\n\r\n" + reply)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def main():
+        async with GenerationClient([url], FAST) as client:
+            return await client.generate([1], SamplingParams(max_new_tokens=1))
+
+    res = anyio.run(main)
+    thread.join(timeout=5)
+    listener.close()
+    assert res.output_ids == [5] and res.logprobs == [-0.25] and res.weight_version == "3"
+    assert res.finish_reason == "length"
+
+
+def test_sticky_sessions_and_least_loaded_routing():
+    client = GenerationClient(["http://a:1", "http://b:1", "http://c:1"])
+    client._inflight.update({"http://a:1": 3, "http://b:1": 0, "http://c:1": 1})
+    assert client.pick() == "http://b:1"
+    assert client.pick("episode-7") == "http://b:1"
+    client._inflight["http://b:1"] = 10
+    assert client.pick("episode-7") == "http://b:1"  # sticky despite load
+    assert client.pick("episode-8") == "http://c:1"
+    client._down.add("http://b:1")
+    assert client.pick("episode-7") == "http://c:1"  # its engine is down: re-routed
+    client.end_session("episode-7")
+    assert "episode-7" not in client._sessions
+    anyio.run(client.aclose)
+
+
+def test_bad_model_path_is_one_line_and_exit_2(tmp_path):
+    not_lm = tmp_path / "not_a_model"
+    not_lm.mkdir()
+    (not_lm / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    for model in (str(tmp_path / "missing"), str(not_lm)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "spade_async.generation.server", "--model", model, "--port", "1"],
+            capture_output=True, text=True, timeout=120,
+        )
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2, proc.stderr
+        assert lines[-1].startswith("spade-engine: error: model") and model in lines[-1]
