@@ -202,6 +202,11 @@ class Dashboard:
         with self._lock:
             self.state = _State()
 
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Fold earlier records in (a resumed run shows its history from the start)."""
+        for rec in records:
+            self.update(rec)
+
     def note(self, message: str) -> None:
         with self._lock:
             self.state.events.append(f"[note] {message}")
@@ -212,7 +217,7 @@ class Dashboard:
         if self._live is None:
             self._live = Live(
                 get_renderable=self.render, console=self.console,
-                refresh_per_second=self.refresh_hz, redirect_stderr=False,
+                refresh_per_second=self.refresh_hz,
             )  # fmt: skip
             self._live.start()
 
@@ -243,6 +248,12 @@ class PlainLogger:
 
     def reset(self) -> None:
         self.state = _State(window=2, values_window=256)
+
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Fold earlier records in without printing them (the ETA needs their pace)."""
+        for rec in records:
+            if rec.get("kind", "step") == "step":
+                self.state.update(rec)
 
     def note(self, message: str) -> None:
         print(f"note: {message}", file=self.file, flush=True)
@@ -327,6 +338,9 @@ class NullView:
         pass
 
     def reset(self) -> None:
+        pass
+
+    def replay(self, records: list[dict[str, Any]]) -> None:
         pass
 
     def update(self, record: dict[str, Any]) -> None:

@@ -41,7 +41,18 @@ kind = "env" -- one per judged environment (the dashboard's latest-environments 
 kind = "event" -- a line of text worth seeing: "level" (info, warn, error), "message".
 
 Counters are cumulative so that the loop can restore them from a checkpoint
-(``Meters.state_dict``) and a dashboard started late still shows totals.
+(``Meters.state_dict``) and a dashboard started late still shows totals. A resumed run
+that logs a step again (after a kill, from an earlier checkpoint) is fine: views drop the
+history from that step on.
+
+The loop's side::
+
+    meters = Meters()
+    with Telemetry(run_dir, cfg.telemetry, run_config=to_toml_dict(cfg)) as tel:
+        with meters.busy("engine"): ...           # around every engine request
+        meters.add_tokens("agent", n); meters.count("designer/stage/ok")
+        tel.log(step, {"version": v, "max_steps": n, **meters.snapshot(), ...})
+        tel.log(step, {"env_id": ..., ...}, kind="env"); tel.event(step, "engine 1 restarted")
 """
 
 from __future__ import annotations
@@ -78,7 +89,7 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         Literal["auto", "on", "off"],
         "live terminal dashboard: auto (when stdout is a terminal, else plain log lines), on, off",
     ) = "auto"
-    refresh_hz: Doc(float, "dashboard redraws per second") = 4.0
+    refresh_hz: Doc(float, "dashboard redraws per second (a redraw costs ~15 ms of CPU)") = 2.0
     fsync: Doc(bool, "fsync metrics.jsonl after every record (durable across power loss)") = False
     tensorboard: Doc(
         bool, "also write TensorBoard scalars to RUN_DIR/tensorboard (if installed)"
@@ -350,6 +361,10 @@ class Telemetry:
         self.writer = MetricsWriter(self.run_dir, self.config)
         self.sinks, self.notes = open_sinks(self.config, self.run_dir, run_config)
         self.view = make_view(self.config, console)
+        try:  # a resumed run: show the earlier history
+            self.view.replay(read_metrics(self.writer.path))
+        except UsageError as exc:  # a damaged file costs the history, not the run
+            self.view.note(f"{exc}; the dashboard starts without history")
         for note in self.notes:
             self.view.note(note)
 

@@ -130,3 +130,28 @@ def test_live_dashboard_through_the_telemetry_facade(tmp_path):
     out = buf.getvalue()
     assert "policy v" in out and "step 3/100" in out
     assert len(read_metrics(tmp_path)) == 3
+
+
+def test_resumed_telemetry_replays_history_into_the_dashboard(tmp_path):
+    def values(s):
+        return {k: v for k, v in step_record(s).items() if k not in ("step", "time", "kind")}
+
+    with Telemetry(tmp_path, TelemetryConfig(dashboard="off")) as tel:
+        for s in range(1, 6):
+            tel.log(s, values(s))
+    console = Console(record=True, width=150, file=io.StringIO())
+    tel = Telemetry(tmp_path, TelemetryConfig(dashboard="on"), console=console)
+    try:
+        tel.log(4, values(4))  # resumed from the step-3 checkpoint
+        assert [s for s, _ in tel.view.state.history["reward/agent_mean"]] == [1, 2, 3, 4]
+    finally:
+        tel.close()
+    assert len(read_metrics(tmp_path)) == 6
+
+
+def test_damaged_history_is_a_note_not_a_crash(tmp_path):
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{oops\n{"step": 2}\n')
+    buf = io.StringIO()
+    with Telemetry(tmp_path, TelemetryConfig(), console=Console(file=buf)) as tel:
+        tel.log(3, {"version": 3})
+    assert "line 2 is not a JSON object" in buf.getvalue() and "step 3 v3" in buf.getvalue()
