@@ -97,8 +97,13 @@ def linear_logprob(
         return (empty, empty.clone()) if return_entropy else empty
     ops = _row_ops(backend, hidden_TD.device)
     out = ChunkedLinearLogprob.apply(
-        hidden_TD.contiguous(), weight_VD, target_T, float(temperature), return_entropy,
-        int(chunk_size), ops,
+        hidden_TD.contiguous(),
+        weight_VD,
+        target_T,
+        float(temperature),
+        return_entropy,
+        int(chunk_size),
+        ops,
     )
     if return_entropy:
         return out[0].reshape(lead), out[1].reshape(lead)

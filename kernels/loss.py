@@ -86,8 +86,11 @@ def policy_loss(
         raise ValueError(f"tis_cap={tis_cap} must be > 0")
     shape = logprob_T.shape
     named = {
-        "old_logprob_T": old_logprob_T, "advantage_T": advantage_T, "mask_T": mask_T,
-        "rollout_logprob_T": rollout_logprob_T, "ref_logprob_T": ref_logprob_T,
+        "old_logprob_T": old_logprob_T,
+        "advantage_T": advantage_T,
+        "mask_T": mask_T,
+        "rollout_logprob_T": rollout_logprob_T,
+        "ref_logprob_T": ref_logprob_T,
         "entropy_T": entropy_T,
     }
     for name, t in named.items():

@@ -27,9 +27,16 @@ __all__ = ["TritonRowOps"]
 
 @triton.jit
 def _row_stats_fwd(
-    logits_ptr, stride_row, target_ptr, inv_temp, V,
-    logprob_ptr, lse_ptr, entropy_ptr,
-    HAS_ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr,
+    logits_ptr,
+    stride_row,
+    target_ptr,
+    inv_temp,
+    V,
+    logprob_ptr,
+    lse_ptr,
+    entropy_ptr,
+    HAS_ENTROPY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
@@ -59,9 +66,17 @@ def _row_stats_fwd(
 
 @triton.jit
 def _row_grad_bwd(
-    logits_ptr, stride_row, target_ptr, inv_temp, V,
-    lse_ptr, entropy_ptr, g_lp_ptr, g_ent_ptr,
-    HAS_ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr,
+    logits_ptr,
+    stride_row,
+    target_ptr,
+    inv_temp,
+    V,
+    lse_ptr,
+    entropy_ptr,
+    g_lp_ptr,
+    g_ent_ptr,
+    HAS_ENTROPY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     # grad_logits = inv_temp * (g_lp * (onehot - p) - g_ent * p * (log p + H)), in place.
     row = tl.program_id(0).to(tl.int64)
@@ -105,9 +120,17 @@ class TritonRowOps:
         logprob_C, lse_C = out[0], out[1]
         entropy_C = out[2] if entropy else None
         _row_stats_fwd[(C,)](
-            logits_CV, logits_CV.stride(0), target_C.contiguous(), float(inv_temp), V,
-            logprob_C, lse_C, entropy_C if entropy else lse_C,
-            HAS_ENTROPY=entropy, BLOCK_V=self._block(V), num_warps=self.num_warps,
+            logits_CV,
+            logits_CV.stride(0),
+            target_C.contiguous(),
+            float(inv_temp),
+            V,
+            logprob_C,
+            lse_C,
+            entropy_C if entropy else lse_C,
+            HAS_ENTROPY=entropy,
+            BLOCK_V=self._block(V),
+            num_warps=self.num_warps,
         )
         return logprob_C, lse_C, entropy_C
 
@@ -121,9 +144,17 @@ class TritonRowOps:
         lse_C = lse_C.contiguous()
         g_lp_C = g_lp_C.contiguous()  # autograd may hand an expanded (stride-0) gradient
         _row_grad_bwd[(C,)](
-            logits_CV, logits_CV.stride(0), target_C.contiguous(), float(inv_temp), V,
-            lse_C, entropy_C.contiguous() if has_ent else lse_C,
-            g_lp_C, g_ent_C.contiguous() if has_ent else g_lp_C,
-            HAS_ENTROPY=has_ent, BLOCK_V=self._block(V), num_warps=self.num_warps,
+            logits_CV,
+            logits_CV.stride(0),
+            target_C.contiguous(),
+            float(inv_temp),
+            V,
+            lse_C,
+            entropy_C.contiguous() if has_ent else lse_C,
+            g_lp_C,
+            g_ent_C.contiguous() if has_ent else g_lp_C,
+            HAS_ENTROPY=has_ent,
+            BLOCK_V=self._block(V),
+            num_warps=self.num_warps,
         )
         return logits_CV

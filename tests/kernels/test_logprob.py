@@ -6,9 +6,8 @@ Shape legend: T tokens, D hidden, V vocabulary, B batch, L sequence length.
 from __future__ import annotations
 
 import pytest
-import torch
-
 import spade_kernels as K
+import torch
 from spade_kernels.reference import linear_logprob_ref
 
 T, V, D = 47, 123, 31
@@ -40,8 +39,16 @@ def _run(fn, hidden_TD, weight_VD, target_T, entropy, seed=1, **kw):
 @pytest.mark.parametrize("chunk", [1, 10, 47, 64])
 def test_matches_reference(dtype, temperature, entropy, chunk):
     h, w, y = _inputs(dtype)
-    outs, grads = _run(K.linear_logprob, h, w, y, entropy, temperature=temperature,
-                       chunk_size=chunk, backend="torch")
+    outs, grads = _run(
+        K.linear_logprob,
+        h,
+        w,
+        y,
+        entropy,
+        temperature=temperature,
+        chunk_size=chunk,
+        backend="torch",
+    )
     ref_outs, ref_grads = _run(linear_logprob_ref, h, w, y, entropy, temperature=temperature)
     for a, b in zip(outs, ref_outs, strict=True):
         assert a.dtype == torch.float32

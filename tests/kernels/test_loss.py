@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-
 from spade_kernels import policy_loss
 
 
@@ -47,8 +46,9 @@ def test_clip_is_asymmetric():
     assert loss.item() == pytest.approx((-1.25 + 0.8) / 2, abs=1e-6)
     assert m["clip_frac"].item() == pytest.approx(0.5)
     # Symmetric 0.2 clips the first one too: (-1.2 + 0.8) / 2.
-    sym, _ = policy_loss(logprob_T, torch.zeros(2), torch.tensor([1.0, -1.0]), torch.ones(2),
-                         clip_high=0.2)
+    sym, _ = policy_loss(
+        logprob_T, torch.zeros(2), torch.tensor([1.0, -1.0]), torch.ones(2), clip_high=0.2
+    )
     assert sym.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
 
 
@@ -74,8 +74,14 @@ def test_k3_kl_and_entropy_bonus_by_hand():
     entropy_T = torch.tensor([1.5], requires_grad=True)
     k3 = 1.0 - math.log(2.0)
     loss, m = policy_loss(
-        logprob_T, torch.zeros(1), torch.zeros(1), torch.ones(1),
-        ref_logprob_T=ref_T, kl_coef=0.1, entropy_T=entropy_T, entropy_coef=0.01,
+        logprob_T,
+        torch.zeros(1),
+        torch.zeros(1),
+        torch.ones(1),
+        ref_logprob_T=ref_T,
+        kl_coef=0.1,
+        entropy_T=entropy_T,
+        entropy_coef=0.01,
     )
     assert loss.item() == pytest.approx(0.1 * k3 - 0.01 * 1.5, abs=1e-6)
     assert m["kl"].item() == pytest.approx(k3, abs=1e-6)
@@ -93,15 +99,27 @@ def test_sequence_aggregations_by_hand():
     mask_T = torch.tensor([1.0, 1.0, 1.0, 0.0])
     lp = torch.zeros(4, requires_grad=True)
     cu = torch.tensor([0, 2, 4])
-    mean, m = policy_loss(lp, torch.zeros(4), adv_T, mask_T, agg="seq-mean-token-mean",
-                          cu_seqlens=cu)
+    mean, m = policy_loss(
+        lp, torch.zeros(4), adv_T, mask_T, agg="seq-mean-token-mean", cu_seqlens=cu
+    )
     assert mean.item() == pytest.approx((-(1 + 3) / 2 - 2) / 2)
     assert m["sequences"].item() == 2
-    total, _ = policy_loss(lp, torch.zeros(4), adv_T, mask_T, agg="seq-mean-token-sum",
-                           seq_ids_T=torch.tensor([0, 0, 1, 1]))
+    total, _ = policy_loss(
+        lp,
+        torch.zeros(4),
+        adv_T,
+        mask_T,
+        agg="seq-mean-token-sum",
+        seq_ids_T=torch.tensor([0, 0, 1, 1]),
+    )
     assert total.item() == pytest.approx((-4 - 2) / 2)
-    rows, _ = policy_loss(lp.reshape(2, 2), torch.zeros(2, 2), adv_T.reshape(2, 2),
-                          mask_T.reshape(2, 2), agg="seq-mean-token-mean")
+    rows, _ = policy_loss(
+        lp.reshape(2, 2),
+        torch.zeros(2, 2),
+        adv_T.reshape(2, 2),
+        mask_T.reshape(2, 2),
+        agg="seq-mean-token-mean",
+    )
     assert rows.item() == pytest.approx(mean.item())
 
 
@@ -126,9 +144,13 @@ def test_micro_batch_split_gives_same_loss_and_grads(agg):
     total = 0.0
     for s, e in zip(cuts[:-1], cuts[1:], strict=True):
         part, _ = policy_loss(
-            logprob_T[s:e], old_T[s:e], adv_T[s:e], mask_T[s:e], seq_ids_T=seq_T[s:e] - seq_T[s],
-            loss_scale_denominator=denom, **{**kw, "rollout_logprob_T": rollout_T[s:e],
-                                            "ref_logprob_T": old_T[s:e]},
+            logprob_T[s:e],
+            old_T[s:e],
+            adv_T[s:e],
+            mask_T[s:e],
+            seq_ids_T=seq_T[s:e] - seq_T[s],
+            loss_scale_denominator=denom,
+            **{**kw, "rollout_logprob_T": rollout_T[s:e], "ref_logprob_T": old_T[s:e]},
         )
         total = total + part
     (g_split,) = torch.autograd.grad(total, (logprob_T,))

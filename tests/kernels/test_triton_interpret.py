@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
 import spade_kernels as K
+import torch
 from spade_kernels.reference import linear_logprob_ref
 
 T, V, D = 47, 123, 31

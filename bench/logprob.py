@@ -1,0 +1,231 @@
+"""Fused (chunked) linear log-prob vs naive (full logits, then log-softmax): peak memory, time.
+
+    python bench/logprob.py [--quick] [--save] [--device cpu|cuda] [--sweep]
+
+Each case (impl, T) runs forward + backward in a fresh subprocess. Peak memory is honest:
+on CPU the child resets its RSS high-water mark (/proc/self/clear_refs) after building the
+inputs, runs one forward+backward, and reports VmHWM minus the RSS before the call; that
+counts everything the op allocates (torch's allocator included), and also the weight
+gradient both impls must produce. On CUDA: max_memory_allocated minus the baseline. Timing:
+median (and min) over timed repeats after that first (warm-up) call; naive and fused
+subprocesses alternate so background load hits both alike.
+Shape legend: T tokens, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+V, D = 49_152, 576
+HERE = Path(__file__).resolve().parent
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{key} missing from /proc/self/status")
+
+
+def child(impl: str, T: int, dtype_name: str, chunk: int, repeats: int, device: str) -> dict:
+    import spade_kernels as K
+    import torch
+    from spade_kernels.reference import linear_logprob_ref
+
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(0)
+    hidden_TD = torch.randn(T, D, generator=g).to(device, dtype).requires_grad_()
+    weight_VD = (0.02 * torch.randn(V, D, generator=g)).to(device, dtype).requires_grad_()
+    target_T = torch.randint(0, V, (T,), generator=g).to(device)
+    if impl == "naive":
+
+        def fn():
+            return linear_logprob_ref(hidden_TD, weight_VD, target_T)
+    else:
+
+        def fn():
+            return K.linear_logprob(hidden_TD, weight_VD, target_T, chunk_size=chunk or None)
+
+    def step():
+        hidden_TD.grad = weight_VD.grad = None
+        fn().sum().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        peak_bytes = torch.cuda.max_memory_allocated() - base
+    else:
+        base_kb = _status_kb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        step()
+        peak_bytes = (_status_kb("VmHWM") - base_kb) * 1024
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"impl": impl, "T": T, "peak_mb": round(peak_bytes / 2**20, 1), "times_s": times}
+
+
+def run_case(impl, T, args, chunk=0, repeats=None) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        impl,
+        str(T),
+        args.dtype,
+        str(chunk),
+        str(args.repeats if repeats is None else repeats),
+        args.device,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"case {impl} T={T} failed (rc={r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("inf")
+
+
+def hardware(device: str) -> dict:
+    import torch
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    hw = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": device,
+        "loadavg_at_start": os.getloadavg()[0],
+        "note": "shared machine: other processes may load the cores during the run",
+    }
+    if device == "cuda":
+        hw["gpu"] = torch.cuda.get_device_name()
+    return hw
+
+
+def summarize(cases: list[dict]) -> dict:
+    by = {}
+    for c in cases:
+        by.setdefault((c["impl"], c["T"]), []).append(c)
+    rows = {}
+    for (impl, T), cs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        times = [t for c in cs for t in c["times_s"]]
+        rows[f"{impl}_T{T}"] = {
+            "peak_mb": max(c["peak_mb"] for c in cs),
+            "fwd_bwd_s_median": round(statistics.median(times), 3) if times else None,
+            "fwd_bwd_s_min": round(min(times), 3) if times else None,
+            "n_timed": len(times),
+        }
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="T=4k only, fewer repeats (<1 min)")
+    ap.add_argument("--save", action="store_true", help="write bench/results/logprob.json")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--sweep", action="store_true", help="also time chunk sizes at T=4k")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        impl, T, dtype, chunk, repeats, device = args.child
+        print(json.dumps(child(impl, int(T), dtype, int(chunk), int(repeats), device)))
+        return 0
+    Ts = [4096] if args.quick else [1024, 4096, 16384]
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 2)
+    import torch
+    from spade_kernels.logprob import default_chunk_size
+
+    cases, skipped = [], {}
+    for T in Ts:
+        for _ in range(rounds):
+            for impl in ("naive", "fused"):
+                need_mb = 4.5 * T * V * 4 / 2**20 if impl == "naive" else 0
+                if need_mb > 0.8 * mem_available_mb():
+                    skipped[f"{impl}_T{T}"] = (
+                        f"needs ~{need_mb:.0f} MB, only {mem_available_mb():.0f} MB available"
+                    )
+                    continue
+                cases.append(run_case(impl, T, args))
+    rows = summarize(cases)
+    out = {
+        "name": "logprob",
+        "hardware": hardware(args.device),
+        "config": {
+            "V": V,
+            "D": D,
+            "dtype": args.dtype,
+            "Ts": Ts,
+            "rounds": rounds,
+            "repeats_per_round": args.repeats,
+            "chunk_tokens": default_chunk_size(V, torch.device(args.device)),
+        },
+        "cases": rows,
+    }
+    if skipped:
+        out["skipped"] = skipped
+    if args.sweep:
+        sweep = {}
+        for chunk in (32, 64, 128, 256, 512):
+            c = run_case("fused", 4096, args, chunk=chunk, repeats=2)
+            sweep[str(chunk)] = {
+                "peak_mb": c["peak_mb"],
+                "fwd_bwd_s_min": round(min(c["times_s"]), 3),
+            }
+        out["chunk_sweep_T4096"] = sweep
+    naive, fused = rows.get("naive_T4096"), rows.get("fused_T4096")
+    if naive and fused:
+        mem = fused["peak_mb"] / naive["peak_mb"]
+        tim = fused["fwd_bwd_s_median"] / naive["fwd_bwd_s_median"]
+        out["targets"] = {
+            "peak_mem_fused_over_naive_T4096": {
+                "target": "<= 0.125",
+                "measured": round(mem, 4),
+                "met": mem <= 0.125,
+            },
+            "time_fused_over_naive_T4096": {
+                "target": "<= 1.3",
+                "measured": round(tim, 3),
+                "met": tim <= 1.3,
+            },
+        }
+    line = json.dumps(out)
+    if args.save:
+        (HERE / "results").mkdir(exist_ok=True)
+        (HERE / "results" / "logprob.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
