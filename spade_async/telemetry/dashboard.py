@@ -88,6 +88,21 @@ def _hms(seconds: float | None) -> str:
     return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _finite(values: Any) -> list[float]:
+    if not isinstance(values, list):
+        return []
+    out = []
+    for v in values:
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v == v
+            and abs(v) != float("inf")
+        ):
+            out.append(float(v))
+    return out
+
+
 class _State:
     """Everything the views show, folded from records. Handles a resumed run re-logging
     steps it had already logged (history past the resume point is dropped)."""
@@ -136,12 +151,8 @@ class _State:
                 and key not in ("step", "time")
             ):
                 self.history.setdefault(key, deque(maxlen=self.window)).append((step, v))
-        self.regret.extend(
-            (step, float(v)) for v in rec.get("regret/values") or () if v is not None
-        )
-        self.win_rate.extend(
-            (step, float(v)) for v in rec.get("win_rate/values") or () if v is not None
-        )
+        self.regret.extend((step, v) for v in _finite(rec.get("regret/values")))
+        self.win_rate.extend((step, v) for v in _finite(rec.get("win_rate/values")))
         if "time/elapsed_s" in rec:
             self.pace.append((step, float(rec["time/elapsed_s"])))
 

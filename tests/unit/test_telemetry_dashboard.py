@@ -155,3 +155,12 @@ def test_damaged_history_is_a_note_not_a_crash(tmp_path):
     with Telemetry(tmp_path, TelemetryConfig(), console=Console(file=buf)) as tel:
         tel.log(3, {"version": 3})
     assert "line 2 is not a JSON object" in buf.getvalue() and "step 3 v3" in buf.getvalue()
+
+
+def test_bad_distribution_values_are_skipped_not_fatal():
+    dash = Dashboard(Console(record=True, width=150, file=io.StringIO()))
+    dash.update(
+        {**step_record(1), "regret/values": [float("nan"), None, 0.5, "x"], "win_rate/values": 3}
+    )
+    assert [v for _, v in dash.state.regret] == [0.5] and len(dash.state.win_rate) == 0
+    assert "n=1" in render_text(dash)
