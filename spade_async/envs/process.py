@@ -69,17 +69,22 @@ class WorkerProcess:
         return self.proc.pid if self.proc else None
 
     async def start(self, timeout: float) -> None:
-        self.proc, self.wfd, self.rfd, self.workdir = await anyio.to_thread.run_sync(
-            sandbox.spawn, self.level, self.limits
-        )
+        with anyio.CancelScope(shield=True):  # a spawned process must never go unowned
+            self.proc, self.wfd, self.rfd, self.workdir = await anyio.to_thread.run_sync(
+                sandbox.spawn, self.level, self.limits
+            )
         try:
             with anyio.fail_after(timeout):
                 ready = await self._read_reply()
-        except BaseException as exc:
-            await self.kill(f"boot failed: {exc!r}")
+        except (TimeoutError, EOFError, OSError, EnvError, msgspec.DecodeError) as exc:
+            rc = await self.kill(f"boot failed: {exc!r}", grace=0.2)
             raise EnvError(
-                "boot", f"worker did not start at isolation {self.level}: {exc!r}"
+                "boot",
+                f"worker did not start at isolation {self.level} ({exc!r}, exit status {rc})",
             ) from None
+        except BaseException:
+            await self.kill("cancelled during boot")
+            raise
         if not isinstance(ready, P.Ready):
             await self.kill("bad hello")
             raise EnvError("boot", f"worker sent {type(ready).__name__} instead of Ready")
@@ -140,12 +145,10 @@ class WorkerProcess:
             except msgspec.DecodeError as exc:
                 failure = EnvError("crash", f"corrupt reply frame: {exc}")
             except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self.kill("caller cancelled mid-request")
+                await self.kill("caller cancelled mid-request")
                 raise
             if failure is not None:
-                with anyio.CancelScope(shield=True):
-                    rc = await self.kill(failure.message)
+                rc = await self.kill(failure.message, grace=0.5 if failure.kind == "crash" else 0)
                 if failure.kind == "crash":  # the exit status says more than EOF
                     kind, text = _exit_reason(rc)
                     failure = EnvError(kind, text)
@@ -155,18 +158,31 @@ class WorkerProcess:
             raise EnvError(reply.kind, reply.message)
         return reply
 
-    async def kill(self, why: str) -> int | None:
-        """SIGKILL the worker's process group, reap it, close fds. Returns the exit status."""
+    async def kill(self, why: str, grace: float = 0.0) -> int | None:
+        """SIGKILL the worker's process group, reap it, close fds. Returns the exit status.
+
+        ``grace``: seconds to wait for a worker that is already dying to exit on its own,
+        so its real exit status (signal, exit code) is reported rather than our SIGKILL.
+        """
+        with anyio.CancelScope(shield=True):  # cleanup must finish even when cancelled
+            return await self._kill(why, grace)
+
+    async def _kill(self, why: str, grace: float) -> int | None:
         if self.dead is None:
             self.dead = why
         rc = None
         if self.proc is not None:
             proc, self.proc = self.proc, None
+            with anyio.move_on_after(grace):
+                while proc.poll() is None:
+                    await anyio.sleep(0.002)
+            natural = proc.returncode
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             rc = await anyio.to_thread.run_sync(proc.wait)
+            rc = natural if natural is not None else rc
         for fd in (self.wfd, self.rfd):
             if fd >= 0:
                 os.close(fd)

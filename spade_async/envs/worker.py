@@ -21,6 +21,7 @@ import functools  # noqa: E402
 import heapq  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
+import linecache  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -51,6 +52,9 @@ INJECTED.update(
 )
 if ToolUseBaseEnv is not None:
     INJECTED["ToolUseBaseEnv"] = ToolUseBaseEnv
+
+
+SOURCE_NAME = "<environment>"
 
 
 class CappedSink:
@@ -134,7 +138,8 @@ class Worker:
         module = types.ModuleType("env_module")
         module.__dict__.update(INJECTED)
         sys.modules["env_module"] = module
-        exec(compile(source, "<environment>", "exec"), module.__dict__)  # noqa: S102
+        linecache.cache[SOURCE_NAME] = (len(source), None, source.splitlines(True), SOURCE_NAME)
+        exec(compile(source, SOURCE_NAME, "exec"), module.__dict__)  # noqa: S102
         cands = [
             v
             for k, v in module.__dict__.items()
@@ -216,14 +221,21 @@ class Worker:
             except SystemExit as exc:
                 reply = P.Err("crash", f"environment called sys.exit({exc.code!r})")
             except BaseException as exc:  # noqa: BLE001 - environment failures are data
-                tb = traceback.format_exception(exc, limit=-4)
-                reply = P.Err("exception", "".join(tb)[-3000:])
+                reply = P.Err("exception", describe(exc))
             try:
                 self.send(reply)
             except MemoryError:
                 self.send(P.Err("memory", "MemoryError while encoding the reply"))
             except (TypeError, ValueError, OverflowError, RecursionError) as exc:
                 self.send(P.Err("contract", f"reply not encodable: {exc}"))
+
+
+def describe(exc: BaseException) -> str:
+    """``ValueError: msg (line 12 in step: x = int(a))``, environment frames only."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == SOURCE_NAME]
+    where = "; ".join(f"line {f.lineno} in {f.name}: {f.line}" for f in frames[-3:])
+    text = f"{type(exc).__name__}: {exc}"[:2000]
+    return f"{text} ({where})" if where else text
 
 
 def apply_limits(limits: dict) -> None:
