@@ -152,7 +152,7 @@ class ToolUseBaseEnv:
         call = _TOOL_CALL_RE.search(action)
         if call is None:
             message = (
-                "Format error: call a tool with <tool_call>{\"name\": ..., \"arguments\": "
+                'Format error: call a tool with <tool_call>{"name": ..., "arguments": '
                 "{...}}</tool_call> or submit <answer>...</answer>."
             )
             return self._maybe_truncate(message, FORMAT_PENALTY)

@@ -1,4 +1,4 @@
-"""Overflows the C stack: repr() of a 10^6-deep list with the recursion limit lifted."""
+"""Overflows the C stack: repr() of a 10^5-deep list with the recursion limit lifted."""
 
 import random
 import sys
@@ -19,7 +19,7 @@ class HostileEnv:
     def reset(self, seed=None):
         sys.setrecursionlimit(1 << 30)
         nested = []
-        for _ in range(1_000_000):
+        for _ in range(100_000):
             nested = [nested]
         repr(nested)
         self.target = random.Random(seed).randint(2, 4)

@@ -16,10 +16,10 @@ class HostileEnv:
         self.max_turns = max_turns
 
     def reset(self, seed=None):
-        self.target = random.Random().randint(2, 10**9)
+        self.target = random.Random().randint(2, 4)  # the seed is ignored
         self.count = 0
         self.turn = 0
-        return f"Press the button {self.target} times with \\boxed{{press}}.", {}
+        return f"Game #{random.Random().randrange(10**9)}: press the button {self.target} times with \\boxed{{press}}.", {}
 
     def step(self, action):
         self.turn += 1

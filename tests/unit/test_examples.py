@@ -35,7 +35,10 @@ def test_table_matches_files_and_covers_every_skill():
     assert all(games[s] >= 2 for s in SKILLS), games
     assert len(example_paths("games")) >= 12 and len(example_paths("tool_use")) >= 3
     assert skill_of(HERE / "mastermind.py") == "Logical_Deduction"
-    assert example_paths("games", skill="Optimization") == [HERE / "peak_finder.py", HERE / "bin_packing.py"]
+    assert example_paths("games", skill="Optimization") == [
+        HERE / "peak_finder.py",
+        HERE / "bin_packing.py",
+    ]
     with pytest.raises(UsageError, match="unknown setting"):
         example_paths("chess")
 

@@ -85,8 +85,11 @@ def load_env_class(path: str | Path) -> type:
     found = [
         v
         for k, v in namespace.items()
-        if isinstance(v, type) and k.endswith("Env") and v is not ToolUseBaseEnv
-        and hasattr(v, "reset") and hasattr(v, "step")
+        if isinstance(v, type)
+        and k.endswith("Env")
+        and v is not ToolUseBaseEnv
+        and hasattr(v, "reset")
+        and hasattr(v, "step")
     ]
     if len(found) != 1:
         names = [c.__name__ for c in found]

@@ -1,0 +1,281 @@
+"""The hostile corpus (tests/hostile/*.py) through the real validation gates, in ONE pool.
+
+Each program attacks the host or the protocol in one way. For each we assert the stage the
+validator classifies it as AND that the host is unharmed: no loopback connection arrived,
+no file escaped the sandbox, no secret (a file or an environment variable) came back, the
+pool still validates a good environment afterwards, and after the pool closes no process
+that ran hostile code is left (each hostile program renames itself to ``spdhostile``
+through /proc/self/comm, and its children inherit that name).
+
+The programs are deliberately not named test_*.py, so pytest never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+
+from spade_async.envs.examples import HERE as EXAMPLES
+from spade_async.envs.pool import EnvPool, PoolConfig
+from spade_async.envs.validate import Verdict, validate_source
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "hostile"
+COMM = "spdhostile"
+TOKEN = uuid.uuid4().hex[:12]
+SECRET = f"spade-hostile-secret-{TOKEN}"
+
+# program -> the stage the validator must report
+CASES = {
+    "loop_at_import.py": "timeout",
+    "loop_in_init.py": "timeout",
+    "loop_in_reset.py": "timeout",
+    "loop_in_step.py": "timeout",
+    "sleep_past_timeout.py": "timeout",
+    "ignore_sigterm.py": "timeout",
+    "memory_bomb.py": "memory",
+    "memory_at_import.py": "memory",
+    "fork_bomb.py": "reset",  # fork() is refused (EPERM) -> an exception in reset()
+    "daemonize.py": "reset",  # same: the daemon is never born
+    "c_stack_overflow.py": "crash",
+    "ctypes_segfault.py": "crash",
+    "os_exit.py": "crash",
+    "sys_exit.py": "crash",
+    "sigkill_self.py": "crash",
+    "sigsegv_self.py": "crash",
+    "kill_parent.py": "reset",  # kill(ppid) is refused (EPERM)
+    "loopback_connect.py": "reset",  # no network: the connection fails
+    "write_outside_tmp.py": "ok",  # writes fail or land in the private tmpfs; see test below
+    "read_secret_file.py": "ok",  # reads fail; see test below
+    "leak_environment.py": "ok",  # the environment is scrubbed; see test below
+    "huge_observation.py": "output_too_large",
+    "huge_info.py": "output_too_large",
+    "stdout_flood.py": "feasibility",  # forged "ok" lines and frames do not fool the parent
+    "stderr_flood.py": "feasibility",
+    "wrong_type_reset.py": "reset",
+    "empty_observation.py": "reset",
+    "wrong_type_step.py": "step",
+    "nan_reward.py": "step",
+    "huge_reward.py": "step",
+    "wrong_arity.py": "step",
+    "nondeterministic_reset.py": "determinism",
+    "trivially_won.py": "not_done_at_reset",
+    "bad_solution.py": "feasibility",
+    "init_raises.py": "load",
+    "two_env_classes.py": "structure",
+    "no_env_class.py": "structure",
+    "syntax_error.py": "syntax",
+}
+# why, for the cases where the reason is not in the name (signal names, errno text)
+REASONS = {
+    "fork_bomb.py": "Operation not permitted",
+    "daemonize.py": "Operation not permitted",
+    "kill_parent.py": "Operation not permitted",
+    "c_stack_overflow.py": "SIGSEGV",
+    "ctypes_segfault.py": "SIGSEGV",
+    "sigsegv_self.py": "SIGSEGV",
+    "sigkill_self.py": "SIGKILL",
+    "memory_bomb.py": "MemoryError",
+    "loopback_connect.py": "Error",  # ConnectionRefusedError / OSError: network unreachable
+}
+LEAKY = ("read_secret_file.py", "leak_environment.py")
+POOL = PoolConfig(max_workers=6, prewarm=0, call_timeout_s=5.0, open_timeout_s=5.0, memory_mb=1024)
+
+
+@dataclass
+class Traps:
+    """Host-side bait and tripwires, filled into the programs' placeholders."""
+
+    tmp: Path
+    listener: socket.socket = field(init=False)
+    secret_files: list[Path] = field(init=False)
+    escape_targets: list[Path] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setblocking(False)
+        name = f".spade_hostile_{TOKEN}"
+        self.secret_files = [self.tmp / "secret.txt", Path.home() / name, ROOT / name]
+        for path in self.secret_files:
+            path.write_text(SECRET)
+        self.escape_targets = [
+            self.tmp / "escaped.txt",
+            Path.home() / f"{name}_escaped",
+            ROOT / f"{name}_escaped",
+            Path("/tmp") / f"{name}_escaped",
+        ]
+
+    def render(self, name: str) -> str:
+        source = (CORPUS / name).read_text()
+        port = self.listener.getsockname()[1]
+        reads = [str(p) for p in self.secret_files] + [f"~/{self.secret_files[1].name}"]
+        reads += [f"./{self.secret_files[2].name}", f"../{self.secret_files[2].name}"]
+        source = source.replace("__PORT__", str(port))
+        source = source.replace("__PATHS__", json.dumps(reads))
+        return source.replace("__TARGETS__", json.dumps([str(p) for p in self.escape_targets]))
+
+    def connections(self) -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                return count
+            conn.close()
+            count += 1
+
+    def cleanup(self) -> None:
+        self.listener.close()
+        for path in self.secret_files + self.escape_targets:
+            path.unlink(missing_ok=True)
+
+
+@dataclass
+class Outcome:
+    verdicts: dict[str, Verdict]
+    observations: dict[str, str]
+    good_after: Verdict
+    connections: int
+    escaped: list[Path]
+    leftover: list[str]
+    tagged_while_running: list[str]
+    worker_pids: list[int]
+    seconds: float
+
+
+def hostile_processes() -> list[str]:
+    """'pid comm cmdline' of every live process that ran hostile code."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(
+                (ln.split()[1] for ln in (entry / "status").read_text().splitlines()
+                 if ln.startswith("State:")), "?"
+            )  # fmt: skip
+        except OSError:
+            continue
+        if state != "Z" and (comm == COMM or COMM in cmdline):
+            found.append(f"{entry.name} {comm} {cmdline[:80]}")
+    return found
+
+
+async def _run_corpus(traps: Traps) -> tuple[dict, dict, Verdict, list[int], list[str]]:
+    sources = {name: traps.render(name) for name in CASES}
+    verdicts: dict[str, Verdict] = {}
+    limiter = anyio.CapacityLimiter(4)
+
+    async with EnvPool(POOL) as pool:
+
+        async def check(name: str) -> None:
+            async with limiter:
+                verdicts[name] = await validate_source(sources[name], pool=pool, seeds=(0, 1))
+
+        async with anyio.create_task_group() as tg:
+            for name in CASES:
+                tg.start_soon(check, name)
+        observations, tagged = {}, []
+        for name in LEAKY:  # what these programs actually hand back
+            inst = await pool.open(sources[name])
+            observations[name] = (await pool.reset(inst, 0))[0]
+            tagged += hostile_processes()  # proves the leftover scan can see a live one
+            await pool.close(inst)
+        good = await validate_source((EXAMPLES / "mastermind.py").read_text(), pool=pool)
+        pids = list(pool.stats()["pids"])
+    return verdicts, observations, good, pids, tagged
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory) -> Outcome:
+    before = set(hostile_processes())
+    assert not before, f"hostile processes alive before the suite: {before}"
+    traps = Traps(tmp_path_factory.mktemp("hostile"))
+    os.environ["SPADE_HOSTILE_SECRET"] = SECRET  # workers spawn after this: they must not see it
+    t0 = time.perf_counter()
+    try:
+        verdicts, observations, good, pids, tagged = anyio.run(_run_corpus, traps)
+        connections = traps.connections()
+        escaped = [p for p in traps.escape_targets if p.exists()]
+        deadline = time.monotonic() + 5  # let the kernel finish tearing sandboxes down
+        while (leftover := hostile_processes()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.environ.pop("SPADE_HOSTILE_SECRET", None)
+        traps.cleanup()
+    return Outcome(
+        verdicts, observations, good, connections, escaped, leftover, tagged, pids,
+        time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+def _needs(outcome: Outcome, *levels: str) -> None:
+    level = outcome.good_after.isolation
+    if level not in levels:
+        pytest.skip(f"isolation '{level}' does not isolate this by design (needs {levels})")
+
+
+def test_corpus_is_complete():
+    on_disk = {p.name for p in CORPUS.glob("*.py")}
+    assert on_disk == set(CASES)
+    assert len(CASES) >= 25
+    assert not any(name.startswith("test_") for name in on_disk)
+
+
+@pytest.mark.parametrize(("name", "stage"), list(CASES.items()), ids=[n[:-3] for n in CASES])
+def test_hostile_program_is_classified(outcome, name, stage):
+    verdict = outcome.verdicts[name]
+    assert verdict.stage == stage, f"{name}: {verdict.stage} ({verdict.reason[:300]})"
+    assert verdict.valid is (stage == "ok")
+    assert REASONS.get(name, "") in verdict.reason
+    assert SECRET not in repr(verdict)
+
+
+def test_host_is_unharmed_and_pool_still_works(outcome):
+    assert os.getppid() > 1  # kill_parent did not reach us (we are here, and so is our parent)
+    assert outcome.good_after.valid and outcome.good_after.feasibility == "proven"
+    assert outcome.verdicts["kill_parent.py"].isolation == outcome.good_after.isolation
+
+
+def test_no_loopback_connection_arrived(outcome):
+    _needs(outcome, "bwrap", "unshare")
+    assert outcome.connections == 0
+
+
+def test_no_file_escaped_the_sandbox(outcome):
+    _needs(outcome, "bwrap")
+    assert outcome.escaped == []
+
+
+@pytest.mark.parametrize("name", LEAKY)
+def test_secrets_never_come_back(outcome, name):
+    observation = outcome.observations[name]
+    assert observation.startswith("loot=")  # the program really ran and reported its loot
+    if name == "read_secret_file.py":
+        _needs(outcome, "bwrap")
+    assert SECRET not in observation
+
+
+def test_nothing_outlives_the_suite(outcome):
+    assert outcome.tagged_while_running, "the /proc scan never saw a tagged hostile worker"
+    assert outcome.leftover == []
+    for pid in outcome.worker_pids:
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+        ), f"worker {pid} is still alive"
+
+
+def test_corpus_runs_in_reasonable_time(outcome):
+    """Not a performance assertion: a generous bound that catches a hung sandbox."""
+    assert outcome.seconds < 110, outcome.seconds
