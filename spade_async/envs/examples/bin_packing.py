@@ -5,8 +5,8 @@ Skill: Optimization. Setting: games.
 Eight parcels arrive one at a time; the agent sees the current parcel and the next two,
 and puts the current one into an open crate or a new one (capacity 10, no overflow).
 Using the fewest crates possible for the whole sequence (the offline optimum) scores 1.0;
-otherwise the score is half of optimum / crates used. Greedy first-fit is often one crate
-short of optimal, so the lookahead matters.
+otherwise the score is half of optimum / crates used. Greedy first-fit needs an extra
+crate in about one episode in five, so the lookahead matters.
 
 Action: \\boxed{put 2}   (crate number; one past the last crate opens a new crate)
 """
