@@ -40,9 +40,13 @@ CASES = {
     "loop_in_reset.py": "timeout",
     "loop_in_step.py": "timeout",
     "sleep_past_timeout.py": "timeout",
+    "solution_hangs.py": "timeout",
+    "exec_shell.py": "timeout",  # the shell never answers; its process group is killed
     "ignore_sigterm.py": "timeout",
     "memory_bomb.py": "memory",
     "memory_at_import.py": "memory",
+    "fd_exhaustion.py": "reset",  # RLIMIT_NOFILE
+    "disk_fill.py": "reset",  # RLIMIT_FSIZE (and the size-capped tmpfs)
     "fork_bomb.py": "reset",  # fork() is refused (EPERM) -> an exception in reset()
     "daemonize.py": "reset",  # same: the daemon is never born
     "c_stack_overflow.py": "crash",
@@ -58,6 +62,7 @@ CASES = {
     "leak_environment.py": "ok",  # the environment is scrubbed; see test below
     "huge_observation.py": "output_too_large",
     "huge_info.py": "output_too_large",
+    "huge_solution.py": "output_too_large",
     "stdout_flood.py": "feasibility",  # forged "ok" lines and frames do not fool the parent
     "stderr_flood.py": "feasibility",
     "wrong_type_reset.py": "reset",
