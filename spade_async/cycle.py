@@ -1,0 +1,188 @@
+"""The pieces of one SPADE cycle, shared by the sync and async schedules.
+
+regenerate -> hints -> play -> score -> samples. Each piece takes the ``Runtime`` and
+returns plain data; ``schedule_sync.py`` runs them in turn, the async controller overlaps
+them. Nothing here raises for a misbehaving environment or an empty designer batch: those
+are counted in metrics.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import anyio
+
+from spade_async.memory.sampling import replay_sample
+from spade_async.rewards import centre_per_skill, designer_reward, regret, role_balance_scale, win_rate
+from spade_async.roles.agent import EnvRef, Episode, play_episode, transcript
+from spade_async.roles.designer import DesignSample, build_prompt, design_group
+from spade_async.roles.hint import write_hint
+from spade_async.runtime import Runtime
+from spade_async.trainer.batch import Sample
+
+
+@dataclass
+class Window:
+    """A regeneration window: its designer samples and the plays of their environments."""
+
+    samples: list[DesignSample] = field(default_factory=list)
+    hint_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    nohint_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
+    d = rt.cfg.designer
+    skills = list(rt.rng.choice(d.skills, size=min(d.skills_per_regen, len(d.skills)), replace=False))
+    groups = []
+    for skill in skills:
+        for _ in range(d.prompts_per_skill):
+            doc = rt.corpus.sample(1, rng=rt.rng)[0] if rt.corpus is not None else None
+            prompt, shown = build_prompt(
+                d, skill=skill, document=doc.text if doc else None,
+                store=rt.store if d.use_memory else None, rng=rt.rng,
+            )
+            groups.append((skill, doc.id if doc else None, prompt, shown))
+    out: list[DesignSample] = []
+
+    async def one(skill, doc_id, prompt, shown) -> None:
+        with rt.meters.busy("engine"):
+            samples = await design_group(
+                client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, writer=rt.writer,
+                run_dir=rt.run_dir, cfg=d, prompt=prompt, skill=skill, doc_id=doc_id,
+                version=version, examples=shown,
+            )
+        out.extend(samples)
+
+    async with anyio.create_task_group() as tg:
+        for g in groups:
+            tg.start_soon(one, *g)
+    for s in out:
+        rt.meters.add_tokens("designer", len(s.output_ids) + s.extra_tokens)
+        rt.meters.count("designer/generated")
+        rt.meters.count(f"designer/stage/{s.verdict.stage}")
+        rt.meters.count("designer/valid", int(s.verdict.valid))
+        rt.meters.count("designer/duplicates", int(s.duplicate))
+        rt.tel.log(rt.state.step, {
+            "env_id": s.env_id or "", "env_class": s.verdict.env_class or "", "skill": s.skill,
+            "stage": s.verdict.stage, "valid": s.verdict.valid, "win_rate": None, "regret": None,
+        }, kind="env")
+    return out
+
+
+def env_refs(rt: Runtime, env_ids: list[str]) -> list[EnvRef]:
+    refs = []
+    for env_id in dict.fromkeys(env_ids):
+        rec = rt.store.get(env_id)
+        if rec is not None and rec.valid:
+            refs.append(EnvRef(env_id=rec.id, source=rec.code, setting=rec.setting))
+    return refs
+
+
+def replay(rt: Runtime, n: int) -> list[str]:
+    return replay_sample(rt.store, n, version=rt.state.version, rng=rt.rng) if n > 0 else []
+
+
+async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
+    hints: dict[str, str | None] = {}
+    if not rt.cfg.hint.enabled or rt.cfg.agent.plays_hint == 0:
+        return hints
+
+    async def one(env: EnvRef) -> None:
+        with rt.meters.busy("engine"):
+            res = await write_hint(
+                client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, env=env,
+                seed=int(rt.rng.integers(2**31)), cfg=rt.cfg.hint,
+            )
+        hints[env.env_id] = res.hint
+        rt.meters.add_tokens("hint", res.tokens)
+        rt.meters.count("hint/leaks", res.leaks)
+        rt.meters.count("hint/dropped", int(res.hint is None))
+
+    async with anyio.create_task_group() as tg:
+        for env in envs:
+            tg.start_soon(one, env)
+    return hints
+
+
+async def play(rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], version: int) -> list[Episode]:
+    """Every environment's no-hint plays, and its hinted plays on the same seeds (paired)."""
+    cfg = rt.cfg.agent
+    limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
+    episodes: list[Episode] = []
+
+    async def one(env: EnvRef, seed: int, hint: str | None) -> None:
+        async with limiter:
+            with rt.meters.busy("env_pool"):
+                ep = await play_episode(
+                    client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, env=env, seed=seed,
+                    hint=hint, cfg=cfg, version=version,
+                )
+        episodes.append(ep)
+        rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
+        rt.meters.count(f"agent/status/{ep.status}")
+
+    async with anyio.create_task_group() as tg:
+        for env in envs:
+            seeds = [int(s) for s in rt.rng.integers(2**31, size=max(cfg.plays_nohint, cfg.plays_hint))]
+            for seed in seeds[: cfg.plays_nohint]:
+                tg.start_soon(one, env, seed, None)
+            hint = hints.get(env.env_id)
+            if hint:
+                for seed in seeds[: cfg.plays_hint]:
+                    tg.start_soon(one, env, seed, hint)
+    return episodes
+
+
+async def score(rt: Runtime, episodes: list[Episode], window: Window | None) -> dict[str, list[float]]:
+    """Per-environment statistics into memory (and the designer window); returns the
+    regrets and no-hint win rates of the environments scored, for the dashboard."""
+    thr = rt.cfg.agent.success_threshold
+    by_env: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for ep in episodes:
+        by_env[ep.env_id][0 if ep.hinted else 1].append(ep.reward)
+    regrets, rates = [], []
+    for env_id, (hinted, plain) in by_env.items():
+        r = regret(hinted, plain)
+        await rt.writer.update_stats(
+            env_id,
+            plays_hint=len(hinted), wins_hint=float(sum(x >= thr for x in hinted)),
+            plays_nohint=len(plain), wins_nohint=float(sum(x >= thr for x in plain)),
+            regret=r if hinted and plain else None, version=rt.state.version,
+        )
+        if plain:
+            regrets.append(r)
+            rates.append(win_rate(plain, thr))
+        if window is not None:
+            window.hint_rewards[env_id].extend(hinted)
+            window.nohint_rewards[env_id].extend(plain)
+    return {"regret/values": regrets, "win_rate/values": rates}
+
+
+async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
+    """Score the window's designer samples from the plays accumulated over it."""
+    from spade_async.batcher import designer_samples
+
+    cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
+    rewards = []
+    for s in window.samples:
+        if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
+            rewards.append(0.0)
+            continue
+        hinted, plain = window.hint_rewards.get(s.env_id, []), window.nohint_rewards.get(s.env_id, [])
+        value = designer_reward(
+            cfg, regret_value=regret(hinted, plain), nohint_win_rate=win_rate(plain, thr),
+            nohint_rewards=plain, duplicate=s.duplicate,
+        )
+        rewards.append(value)
+        await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
+    adv, keep = centre_per_skill(rewards, [s.skill for s in window.samples], mask_negative=cfg.mask_negative)
+    rt.meters.count("designer/masked", sum(not k for k in keep))
+    scale = role_balance_scale(n_agent, max(1, len(window.samples)), rt.cfg.regen_interval, cfg.max_role_scale)
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    return designer_samples(window.samples, adv, keep, scale), mean
+
+
+def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
+    for i, ep in enumerate(episodes[: rt.cfg.agent.transcripts_per_step]):
+        rt.run_dir.save_transcript(f"step-{rt.state.step:05d}-{i}", transcript(ep))

@@ -1,0 +1,100 @@
+"""Generation engines for a run: CPU engines (the project's server) or SGLang servers.
+
+Placement is config: ``kind = "cpu"`` starts ``count`` CPU engines
+(``python -m spade_async.generation.server``), each with ``threads`` torch threads;
+``kind = "sglang"`` starts one SGLang server per entry of ``gpus`` (a list of GPU-id lists;
+tensor parallelism = the list's length) through the SGLang adapter. Every engine runs in
+its own process group and is stopped (SIGTERM, then SIGKILL) when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.generation.sglang import SGLangConfig, SGLangServer
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: Doc(Literal["cpu", "sglang"], "cpu: the project's transformers engine; sglang: SGLang servers") = "cpu"
+    count: Doc(int, "CPU engines to start (kind = cpu)") = 1
+    threads: Doc(int, "torch threads per CPU engine; 0 = torch's default") = 0
+    dtype: Doc(str, "CPU engine weights dtype") = "float32"
+    gpus: Doc(list[list[int]], "kind = sglang: GPU ids of each server (its TP group)") = msgspec.field(default_factory=lambda: [[0]])
+    mem_fraction_static: Doc(float, "SGLang memory fraction for weights + KV cache") = 0.8
+    extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
+    base_port: Doc(int, "first engine port (0 = pick free ports)") = 0
+    host: Doc(str, "bind address of the engines") = "127.0.0.1"
+    start_timeout_s: Doc(float, "limit for an engine to become healthy") = 600.0
+    max_restarts: Doc(int, "restarts of a crashed engine before the run stops") = 3
+
+
+class CPUEngineServer(SGLangServer):
+    """The project's CPU engine, supervised by the same start/health/stop/restart logic."""
+
+    kind = "CPU engine"
+
+    def __init__(self, cfg: SGLangConfig, *, threads: int, dtype: str) -> None:
+        super().__init__(cfg)
+        self.argv = [
+            sys.executable, "-m", "spade_async.generation.server", "--model", cfg.model_path,
+            "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
+            "--weight-version", cfg.weight_version,
+        ] + (["--threads", str(threads)] if threads else [])
+        self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def servers(
+    cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
+) -> list[SGLangServer]:
+    out: list[SGLangServer] = []
+    groups = [[]] * cfg.count if cfg.kind == "cpu" else cfg.gpus
+    for i, gpus in enumerate(groups):
+        port = cfg.base_port + i if cfg.base_port else free_port()
+        scfg = SGLangConfig(
+            model_path=str(model_dir),
+            gpu_ids=list(gpus),
+            port=port,
+            host=cfg.host,
+            tp_size=max(1, len(gpus)),
+            mem_fraction_static=cfg.mem_fraction_static,
+            weight_version=str(weight_version),
+            extra_args=list(cfg.extra_args),
+            start_timeout_s=cfg.start_timeout_s,
+            max_restarts=cfg.max_restarts,
+            log_path=str(log_dir / f"engine-{i}.log"),
+        )
+        if cfg.kind == "cpu":
+            out.append(CPUEngineServer(scfg, threads=cfg.threads, dtype=cfg.dtype))
+        else:
+            out.append(SGLangServer(scfg))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def running_engines(
+    cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
+) -> AsyncIterator[list[str]]:
+    """Start every engine (supervised, restarted on crashes); yield their URLs; stop them."""
+    procs = servers(cfg, model_dir, log_dir, weight_version=weight_version)
+    async with anyio.create_task_group() as tg:
+        urls = [await tg.start(p.run) for p in procs]
+        try:
+            yield urls
+        finally:
+            tg.cancel_scope.cancel()

@@ -1,0 +1,128 @@
+"""The whole run's config: one struct composed of each component's own config struct.
+
+Recipes are TOML files in ``configs/``; ``--set a.b=c`` overrides any leaf. ``mode`` picks
+SPADE, a baseline or an ablation; it only flips the component switches listed in ``MODES``
+(explicit keys in the recipe still win), so every mode is expressible as plain config too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from spade_async.config import Doc, apply_overrides, convert, read_toml
+from spade_async.corpus.base import CorpusConfig
+from spade_async.engines import EngineConfig
+from spade_async.envs.pool import PoolConfig
+from spade_async.errors import ConfigError
+from spade_async.generation.client import ClientConfig
+from spade_async.memory.store import MemoryConfig
+from spade_async.rewards import RewardConfig
+from spade_async.roles.agent import AgentConfig
+from spade_async.roles.designer import DesignerConfig
+from spade_async.roles.hint import HintConfig
+from spade_async.telemetry.metrics import TelemetryConfig
+from spade_async.trainer.config import TrainerConfig
+
+Mode = Literal[
+    "spade", "fixed_pool", "frozen_designer", "no_corpus", "no_memory",
+    "no_designer_training", "no_designer_training_no_memory",
+]
+
+# mode -> overrides applied *under* the recipe's own keys
+MODES: dict[str, list[str]] = {
+    "spade": [],
+    "fixed_pool": ["designer_enabled=false", "hint.enabled=false"],
+    "frozen_designer": ["designer_train=false"],
+    "no_corpus": ["designer.use_corpus=false"],
+    "no_memory": ["designer.use_memory=false"],
+    "no_designer_training": ["designer_train=false"],
+    "no_designer_training_no_memory": ["designer_train=false", "designer.use_memory=false"],
+}
+
+
+def _s(cls):
+    return msgspec.field(default_factory=cls)
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: Doc(str, "run name (default run directory: runs/<config file stem>-<time>)") = "spade"
+    mode: Doc(Mode, "spade | fixed_pool | frozen_designer | no_corpus | no_memory | no_designer_training | no_designer_training_no_memory") = "spade"
+    schedule: Doc(Literal["sync", "async"], "sync: generate, train, push in turn; async: overlapped") = "sync"
+    max_steps: Doc(int, "policy updates to run") = 400
+    seed: Doc(int, "seed for document, skill, memory and episode sampling") = 0
+    model: Doc(str, "embedded model name or local Hugging Face directory") = "smollm2-135m-instruct"
+    designer_enabled: Doc(bool, "generate environments (false: agent plays memory/pool only)") = True
+    designer_train: Doc(bool, "train the designer on its regret-based reward") = True
+    regen_interval: Doc(int, "regenerate environments every N policy versions (delayed designer reward)") = 4
+    replay_envs: Doc(int, "memory environments replayed to the agent each step (PLR sampling)") = 0
+    fixed_pool: Doc(str, "directory of environments imported into memory at start (fixed_pool mode)") = ""
+    initial_memory: Doc(str, "'examples' (bundled environments), a directory, or '' for none") = "examples"
+    max_staleness: Doc(int, "agent samples more than this many versions old are dropped") = 1
+    checkpoint_every: Doc(int, "save a checkpoint every N steps (and at the end)") = 10
+    max_concurrent_episodes: Doc(int, "agent episodes in flight at once") = 64
+    designer: Doc(DesignerConfig, "Environment Designer") = _s(DesignerConfig)
+    hint: Doc(HintConfig, "hint writer (not trained)") = _s(HintConfig)
+    agent: Doc(AgentConfig, "Reasoning Agent") = _s(AgentConfig)
+    rewards: Doc(RewardConfig, "rewards and advantages") = _s(RewardConfig)
+    envs: Doc(PoolConfig, "sandboxed environment pool") = _s(PoolConfig)
+    memory: Doc(MemoryConfig, "environment memory (LMDB)") = _s(MemoryConfig)
+    corpus: Doc(CorpusConfig, "grounding corpus") = _s(CorpusConfig)
+    engine: Doc(EngineConfig, "generation engines and their placement") = _s(EngineConfig)
+    client: Doc(ClientConfig, "generation client") = _s(ClientConfig)
+    trainer: Doc(TrainerConfig, "FSDP2 trainer ranks") = _s(TrainerConfig)
+    telemetry: Doc(TelemetryConfig, "metrics and dashboard") = _s(TelemetryConfig)
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    data = read_toml(path) if path is not None else {}
+    apply_overrides(data, list(overrides or []))
+    mode = data.get("mode", "spade")
+    if mode not in MODES:
+        raise ConfigError(f"config key 'mode' = {mode!r}: expected one of {', '.join(MODES)}")
+    base = apply_overrides({}, MODES[mode])
+    cfg = convert(Config, _merge(base, data))
+    if "temperature" not in data.get("trainer", {}):  # train under the rollout distribution
+        trainer = msgspec.structs.replace(cfg.trainer, temperature=cfg.agent.temperature)
+        cfg = msgspec.structs.replace(cfg, trainer=trainer)
+    check(cfg)
+    return cfg
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def check(cfg: Config) -> None:
+    """Contradictions fail at start with one line."""
+    if cfg.mode == "fixed_pool" and not cfg.fixed_pool and not cfg.initial_memory:
+        raise ConfigError(
+            "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"
+        )
+    if cfg.fixed_pool and not Path(cfg.fixed_pool).is_dir():
+        raise ConfigError(f"fixed_pool '{cfg.fixed_pool}' is not a directory of environment files")
+    if not cfg.designer_enabled and cfg.replay_envs < 1:
+        raise ConfigError(
+            "with the designer off the agent only replays memory: set replay_envs >= 1"
+        )
+    if cfg.max_steps < 1 or cfg.regen_interval < 1:
+        raise ConfigError("max_steps and regen_interval must be at least 1")
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"max_staleness = {cfg.max_staleness}: must be >= 0")
+    temps = {cfg.agent.temperature, cfg.designer.temperature}
+    if cfg.designer_train and len(temps) > 1:
+        raise ConfigError(
+            f"agent.temperature ({cfg.agent.temperature}) and designer.temperature "
+            f"({cfg.designer.temperature}) differ but both roles train with trainer.temperature; "
+            "set them equal"
+        )
+    if abs(cfg.trainer.temperature - cfg.agent.temperature) > 1e-9:
+        raise ConfigError(
+            f"trainer.temperature ({cfg.trainer.temperature}) must equal agent.temperature "
+            f"({cfg.agent.temperature}): rollout log-probs are log_softmax(logits / T)"
+        )

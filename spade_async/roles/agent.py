@@ -1,0 +1,193 @@
+"""The Reasoning Agent: multi-turn episodes against sandboxed environment instances.
+
+One episode: open an instance in the pool, ``reset(seed)``, template the first observation
+(with ``"\\n\\nHINT: {hint}"`` appended for hinted plays), then generate a turn, ``step()``
+the instance with the reply, append the observation's tokens, repeat until terminated,
+truncated, or a turn/token limit. Token ids, the loss mask (agent tokens only), the engine's
+rollout log-probs and the policy version of every turn are kept for the trainer.
+
+Environment failures during play (timeouts, crashes, bad outputs) are data: the episode
+ends with SPADE's penalty and a status, never an exception.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.envs.pool import EnvError, EnvPool
+from spade_async.generation.chat import Conversation
+from spade_async.generation.client import GenerationClient
+from spade_async.generation.protocol import SamplingParams
+from spade_async.rewards import agent_outcome
+
+Status = Literal[
+    "terminated", "truncated", "turn_limit", "token_limit", "timeout", "env_error", "empty_reply"
+]
+
+GAMES_SYSTEM = (
+    "You are playing a text game. Read each observation carefully, think briefly, then give "
+    "exactly one command per reply wrapped as \\boxed{command}."
+)
+TOOL_SYSTEM = (
+    "You solve tasks with tools. Call one tool per reply as "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, and give the final answer as '
+    "<answer>...</answer>."
+)
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    plays_nohint: Doc(int, "episodes per environment without the hint") = 16
+    plays_hint: Doc(int, "episodes per environment with the hint (for regret)") = 16
+    train_on_hinted: Doc(bool, "also train the agent on hinted plays (privileged; off in SPADE)") = False
+    max_turns: Doc(int, "turns per episode before it is cut") = 25
+    max_turn_tokens: Doc(int, "new tokens per agent turn") = 512
+    max_episode_tokens: Doc(int, "tokens per episode, prompt and observations included") = 8192
+    temperature: Doc(float, "agent sampling temperature") = 0.6
+    top_p: Doc(float, "agent nucleus sampling") = 1.0
+    enable_thinking: Doc(bool | None, "thinking mode for templates that have it; None = template default") = None
+    thinking_fanout: Doc(bool, "one sample per turn, each carrying the whole episode's advantage") = False
+    success_threshold: Doc(float, "an outcome reward at or above this counts as a win") = 1.0
+    transcripts_per_step: Doc(int, "episode transcripts written under RUN_DIR/episodes each step") = 2
+
+
+class Episode(msgspec.Struct, kw_only=True):
+    env_id: str
+    seed: int
+    hinted: bool
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    turn_spans: list[tuple[int, int]]  # [start, end) of each generated turn in token_ids
+    turn_versions: list[int]  # policy version that generated each turn
+    reward: float  # outcome reward (SPADE: final step reward clipped, or a penalty)
+    status: Status
+    turns: int
+    messages: list[dict[str, Any]]
+    error: str = ""
+
+    @property
+    def version(self) -> int:
+        """Oldest policy version in the episode (what staleness is measured by)."""
+        return min(self.turn_versions) if self.turn_versions else -1
+
+    def won(self, threshold: float = 1.0) -> bool:
+        return self.reward >= threshold
+
+
+@dataclass
+class EnvRef:
+    env_id: str
+    source: str
+    setting: str = "games"
+
+
+_session = itertools.count()
+
+
+async def play_episode(
+    *,
+    client: GenerationClient,
+    pool: EnvPool,
+    tokenizer: Any,
+    env: EnvRef,
+    seed: int,
+    hint: str | None,
+    cfg: AgentConfig,
+    version: int,
+) -> Episode:
+    key = f"ep-{next(_session)}"
+    conv: Conversation | None = None
+    spans: list[tuple[int, int]] = []
+    versions: list[int] = []
+    status: Status = "turn_limit"
+    reward, error = 0.0, ""
+    inst = None
+    try:
+        inst = await pool.open(env.source, env_id=env.env_id)
+        obs, _ = await pool.reset(inst, seed)
+        tool_use = env.setting == "tool_use"
+        tools = await pool.get_tools(inst) if tool_use else None
+        first = f"{obs}\n\nHINT: {hint}" if hint else obs
+        system = TOOL_SYSTEM if tool_use else GAMES_SYSTEM
+        conv = Conversation(
+            tokenizer,
+            [{"role": "system", "content": system}, {"role": "user", "content": first}],
+            tools=tools,
+            enable_thinking=cfg.enable_thinking,
+        )
+        while True:
+            budget = min(cfg.max_turn_tokens, cfg.max_episode_tokens - len(conv.token_ids))
+            if budget <= 0:
+                status = "token_limit"
+                break
+            res = await client.generate(
+                conv.token_ids,
+                SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p),
+                session_key=key,
+            )
+            start = len(conv.token_ids)
+            conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
+            spans.append((start, len(conv.token_ids)))
+            versions.append(_version(res.weight_version, version))
+            obs, step_reward, terminated, truncated, _ = await pool.step(inst, res.text)
+            if terminated or truncated:
+                status = "terminated" if terminated else "truncated"
+                reward = agent_outcome(step_reward, terminated)
+                break
+            if not res.output_ids:
+                status = "empty_reply"
+                break
+            if conv.turns >= cfg.max_turns:
+                break
+            conv.add_observation(obs, role="tool" if tool_use else "user")
+    except EnvError as exc:
+        status = "timeout" if exc.kind == "timeout" else "env_error"
+        reward, error = agent_outcome(0.0, False, timed_out=True), f"{exc.kind}: {exc}"
+    finally:
+        client.end_session(key)
+        if inst is not None:
+            try:
+                await pool.close(inst)
+            except EnvError:
+                pass
+    return Episode(
+        env_id=env.env_id,
+        seed=seed,
+        hinted=bool(hint),
+        token_ids=conv.token_ids if conv else [],
+        loss_mask=conv.loss_mask if conv else [],
+        logprobs=conv.logprobs if conv else [],
+        turn_spans=spans,
+        turn_versions=versions,
+        reward=reward,
+        status=status,
+        turns=len(spans),
+        messages=conv.messages if conv else [],
+        error=error,
+    )
+
+
+def _version(reported: str | None, fallback: int) -> int:
+    try:
+        return int(reported) if reported is not None else fallback
+    except ValueError:
+        return fallback
+
+
+def transcript(ep: Episode) -> str:
+    """A readable text transcript of one episode."""
+    head = (
+        f"env {ep.env_id}  seed {ep.seed}  hinted {ep.hinted}  status {ep.status}  "
+        f"reward {ep.reward:+.3f}  turns {ep.turns}  versions {ep.turn_versions}"
+    )
+    lines = [head, "=" * len(head)]
+    for m in ep.messages:
+        lines += [f"--- {m['role']} ---", str(m.get("content", ""))]
+    if ep.error:
+        lines += ["--- error ---", ep.error]
+    return "\n".join(lines) + "\n"

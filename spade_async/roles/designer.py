@@ -1,0 +1,190 @@
+"""The Environment Designer: grounded prompts, generation, extraction, validation, memory.
+
+One designer *group* is a prompt (skill + grounding document + memory examples) sampled
+``samples_per_prompt`` times. Each sample's code is extracted and run through every
+validation gate in the sandbox pool; optional repair turns feed the failing stage back, but
+only the first attempt is trained (a broken first attempt earns reward 0). Every generated
+file is saved under ``RUN_DIR/envs/`` with its verdict and recorded in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from spade_async.config import Doc
+from spade_async.envs.extract import extract_code
+from spade_async.envs.pool import EnvPool
+from spade_async.envs.validate import Verdict, validate_source
+from spade_async.generation.chat import Conversation
+from spade_async.generation.client import GenerationClient
+from spade_async.generation.protocol import SamplingParams
+from spade_async.memory.records import Origin, make_record
+from spade_async.memory.sampling import designer_context
+from spade_async.memory.writer import MemoryWriter
+from spade_async.roles.prompts import SKILLS, designer_prompt, repair_prompt
+from spade_async.rundir import RunDir
+
+
+class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    setting: Doc(Literal["games", "tool_use"], "environment setting the designer writes for") = "games"
+    skills: Doc(tuple[str, ...], "target skills the designer is asked for") = SKILLS
+    skills_per_regen: Doc(int, "skills drawn for each regeneration") = 3
+    prompts_per_skill: Doc(int, "designer prompts (each with its own document) per skill") = 2
+    samples_per_prompt: Doc(int, "designer samples per prompt (the GRPO-style group)") = 4
+    temperature: Doc(float, "designer sampling temperature") = 0.6
+    max_new_tokens: Doc(int, "designer reply length limit in tokens") = 4096
+    repair_turns: Doc(int, "repair turns that feed a failing stage back (never trained)") = 0
+    difficulty: Doc(str, "difficulty asked of the designer") = "challenging but solvable"
+    context: Doc(Literal["spade", "recent", "diverse"], "memory examples shown in the prompt") = "spade"
+    use_corpus: Doc(bool, "ground prompts on corpus documents (ablation: no_corpus)") = True
+    use_memory: Doc(bool, "show memory examples in prompts (ablation: no_memory)") = True
+    code_head_lines: Doc(int, "lines of each memory example's code shown in the prompt") = 60
+    validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
+
+
+@dataclass
+class DesignSample:
+    """One designer sample: the tokens to train on and what became of its environment."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    skill: str
+    doc_id: str | None
+    version: int
+    verdict: Verdict  # of the first attempt (the one trained)
+    env_id: str | None = None  # the environment that entered the pool (maybe after repair)
+    source: str | None = None
+    duplicate: bool = False
+    repaired: bool = False
+    extra_tokens: int = 0  # repair-turn tokens (generated, not trained)
+    examples: list[str] = field(default_factory=list)
+
+
+def _head(code: str, lines: int) -> str:
+    return "\n".join(code.splitlines()[:lines])
+
+
+def build_prompt(
+    cfg: DesignerConfig, *, skill: str, document: str | None, store, rng: np.random.Generator
+) -> tuple[str, list[str]]:
+    positives, negative, shown = [], None, []
+    if cfg.use_memory and store is not None:
+        for ex in designer_context(store, skill, strategy=cfg.context, rng=rng):
+            rec = ex.record
+            shown.append(rec.id)
+            head = _head(rec.code, cfg.code_head_lines)
+            if ex.role in ("too_easy", "too_hard"):
+                rate = rec.stats.win_rate_nohint or 0.0
+                why = f"{ex.role.replace('_', ' ')}: the agent won {rate:.0%} of plays"
+                negative = (head, why)
+            else:
+                positives.append((head, rec.stats.win_rate_nohint or 0.0, rec.stats.regret))
+    prompt = designer_prompt(
+        skill=skill,
+        setting=cfg.setting,
+        document=document,
+        positives=positives,
+        negative=negative,
+        difficulty=cfg.difficulty,
+    )
+    return prompt, shown
+
+
+async def design_group(
+    *,
+    client: GenerationClient,
+    pool: EnvPool,
+    tokenizer: Any,
+    writer: MemoryWriter,
+    run_dir: RunDir,
+    cfg: DesignerConfig,
+    prompt: str,
+    skill: str,
+    doc_id: str | None,
+    version: int,
+    examples: list[str] | None = None,
+) -> list[DesignSample]:
+    """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each."""
+    messages = [{"role": "user", "content": prompt}]
+    prompt_ids = Conversation(tokenizer, messages).token_ids
+    sampling = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=cfg.samples_per_prompt
+    )
+    results = await client.generate_n(prompt_ids, sampling)
+    out = []
+    for res in results:
+        sample = DesignSample(
+            prompt_ids=list(prompt_ids),
+            output_ids=list(res.output_ids),
+            logprobs=list(res.logprobs),
+            skill=skill,
+            doc_id=doc_id,
+            version=version,
+            verdict=Verdict(valid=False, stage="syntax", reason="no reply"),
+            examples=list(examples or []),
+        )
+        source, verdict = await _check(res.text, pool, cfg)
+        sample.verdict = verdict
+        await _record(writer, run_dir, sample, source, verdict, cfg)
+        turns = 0
+        conv = None
+        while not verdict.valid and turns < cfg.repair_turns:
+            turns += 1
+            if conv is None:
+                conv = Conversation(tokenizer, messages)
+                conv.add_assistant(res.output_ids, None, res.text)
+            conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
+            fix = await client.generate(
+                conv.token_ids,
+                SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                return_logprob=False,
+            )
+            conv.add_assistant(fix.output_ids, None, fix.text)
+            sample.extra_tokens += len(fix.output_ids)
+            source, verdict = await _check(fix.text, pool, cfg)
+            sample.repaired = verdict.valid
+            await _record(writer, run_dir, sample, source, verdict, cfg)
+        out.append(sample)
+    return out
+
+
+async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | None, Verdict]:
+    source = extract_code(reply)
+    if not source:
+        return None, Verdict(valid=False, stage="syntax", reason="the reply holds no Python code")
+    return source, await validate_source(source, pool=pool, seeds=cfg.validation_seeds)
+
+
+async def _record(
+    writer: MemoryWriter,
+    run_dir: RunDir,
+    sample: DesignSample,
+    source: str | None,
+    verdict: Verdict,
+    cfg: DesignerConfig,
+) -> None:
+    if source is None:
+        return
+    rec = make_record(
+        source,
+        origin=Origin(kind="designer", policy_version=sample.version),
+        valid=verdict.valid,
+        stage=verdict.stage,
+        reason=verdict.reason,
+        env_class=verdict.env_class,
+        multi_turn=verdict.multi_turn,
+        feasibility=verdict.feasibility,
+        skill=sample.skill,
+        setting=cfg.setting,
+        doc_id=sample.doc_id,
+    )
+    put = await writer.put(rec)
+    run_dir.save_env(rec.id, source, verdict)
+    if verdict.valid:
+        sample.env_id, sample.source = rec.id, source
+        sample.duplicate = put.outcome != "new"

@@ -1,0 +1,83 @@
+"""The hint writer: the same policy reads an environment's code and writes a privileged hint.
+
+Never trained. The prompt forbids leaking the answer, and ``leaks_solution`` checks each hint
+against the environment's reference solution (replayed from a fresh instance): a leaking hint
+is regenerated up to ``retries`` times, then dropped. Leaks are counted for the dashboard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from spade_async.config import Doc
+from spade_async.envs.pool import EnvError, EnvPool
+from spade_async.envs.validate import solution_actions
+from spade_async.generation.chat import render_prompt
+from spade_async.generation.client import GenerationClient
+from spade_async.generation.protocol import SamplingParams
+from spade_async.roles.agent import EnvRef
+from spade_async.roles.prompts import HINT_SYSTEM, hint_prompt, leaks_solution
+
+
+class HintConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    enabled: Doc(bool, "generate hints (without them regret is 0 and only the plateau term counts)") = True
+    temperature: Doc(float, "hint sampling temperature") = 0.3
+    max_new_tokens: Doc(int, "hint length limit in tokens") = 256
+    retries: Doc(int, "regenerations after a leaking hint before it is dropped") = 2
+    max_code_chars: Doc(int, "environment source shown to the hint writer, in characters") = 12_000
+
+
+@dataclass
+class HintResult:
+    hint: str | None  # None: disabled, dropped after leaks, or the engine gave nothing
+    leaks: int
+    tokens: int
+
+
+async def write_hint(
+    *,
+    client: GenerationClient,
+    pool: EnvPool,
+    tokenizer: Any,
+    env: EnvRef,
+    seed: int,
+    cfg: HintConfig,
+) -> HintResult:
+    if not cfg.enabled:
+        return HintResult(None, 0, 0)
+    actions: list[str] = []
+    try:
+        inst = await pool.open(env.source, env_id=env.env_id)
+        try:
+            await pool.reset(inst, seed)
+            actions = solution_actions(await pool.solution(inst)) or []
+        finally:
+            await pool.close(inst)
+    except EnvError:
+        actions = []
+    prompt = render_prompt(
+        tokenizer,
+        [
+            {"role": "system", "content": HINT_SYSTEM},
+            {"role": "user", "content": hint_prompt(env.source[: cfg.max_code_chars])},
+        ],
+    )
+    leaks = tokens = 0
+    for _ in range(cfg.retries + 1):
+        res = await client.generate(
+            prompt,
+            SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+            return_logprob=False,
+        )
+        tokens += len(res.output_ids)
+        text = res.text.strip()
+        if not text:
+            continue
+        if actions and leaks_solution(text, actions):
+            leaks += 1
+            continue
+        return HintResult(text, leaks, tokens)
+    return HintResult(None, leaks, tokens)

@@ -1,0 +1,146 @@
+"""Everything a run holds open, started together and torn down together.
+
+``open_runtime`` resolves the model, opens memory (importing the initial pool on a new run),
+the corpus, the sandbox pool, the trainer ranks and the generation engines, and the
+telemetry. Engines start from the latest checkpoint's Hugging Face export on resume, so the
+policy the engines serve always equals the trainer's. Every child process is gone when the
+context exits, however it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import numpy as np
+
+from spade_async.config import to_toml_dict
+from spade_async.corpus import Corpus, open_corpus
+from spade_async.engines import running_engines
+from spade_async.envs.pool import EnvPool
+from spade_async.generation.client import GenerationClient
+from spade_async.memory.store import MemoryStore
+from spade_async.memory.writer import MemoryWriter
+from spade_async.models import load_tokenizer, resolve_model
+from spade_async.recipe import Config
+from spade_async.rundir import RunDir, write_atomic
+from spade_async.telemetry.metrics import Meters, Telemetry
+from spade_async.trainer.client import AsyncTrainerClient
+from spade_async.trainer.launch import TrainerProcess
+
+
+class ControllerState(msgspec.Struct, kw_only=True):
+    """What the controller saves beside the trainer's checkpoint."""
+
+    step: int = 0
+    version: int = 0
+    rng_seed_offset: int = 0
+    current_envs: list[str] = []  # env ids the agent is playing in this regeneration window
+    meters: dict[str, Any] = {}
+    inflight_lost: int = 0
+
+
+@dataclass
+class Runtime:
+    cfg: Config
+    run_dir: RunDir
+    tokenizer: Any
+    client: GenerationClient
+    pool: EnvPool
+    store: MemoryStore
+    writer: MemoryWriter
+    corpus: Corpus | None
+    trainer: AsyncTrainerClient
+    trainer_proc: TrainerProcess
+    tel: Telemetry
+    engine_urls: list[str]
+    state: ControllerState
+    meters: Meters = field(default_factory=Meters)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    async def checkpoint(self) -> Path:
+        """Trainer state (DCP) + HF export + controller state; ``DONE`` marks it complete."""
+        path = self.run_dir.checkpoint(self.state.step)
+        with self.meters.busy("trainer"):
+            await self.trainer.save(str(path), hf_directory=str(self.run_dir.hf))
+        self.state.meters = self.meters.state_dict()
+        write_atomic(path / "controller.json", msgspec.json.encode(self.state))
+        write_atomic(path / "DONE", b"")
+        return path
+
+
+async def _import_initial(cfg: Config, store: MemoryStore) -> None:
+    """Seed a new run's memory: the bundled examples and/or a fixed pool, through the gates."""
+    from spade_async.memory.importer import import_files
+
+    if cfg.initial_memory == "examples":
+        from spade_async.envs.examples import EXAMPLES, HERE
+
+        for name, (skill, setting) in EXAMPLES.items():
+            await import_files(store, HERE / name, skill=skill, setting=setting, kind="pool")
+    elif cfg.initial_memory:
+        await import_files(store, Path(cfg.initial_memory), kind="import")
+    if cfg.fixed_pool:
+        await import_files(store, Path(cfg.fixed_pool), kind="pool")
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
+    resumed = run_dir.latest_checkpoint()
+    state = ControllerState()
+    if resumed is not None:
+        state = msgspec.json.decode((resumed[1] / "controller.json").read_bytes(), type=ControllerState)
+    model_dir = resolve_model(cfg.model)
+    engine_model = run_dir.hf if resumed is not None and run_dir.hf.is_dir() else model_dir
+    tokenizer = load_tokenizer(str(model_dir) if Path(str(model_dir)).is_dir() else cfg.model)
+    store = MemoryStore(run_dir.memory, cfg.memory)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(store.close)
+        if resumed is None:
+            await _import_initial(cfg, store)
+        corpus = None
+        if cfg.designer_enabled and cfg.designer.use_corpus:
+            corpus = stack.enter_context(open_corpus(cfg.corpus))
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        writer = MemoryWriter(store)
+        await tg.start(writer.run)
+        stack.push_async_callback(_close_writer, writer)
+        pool = await stack.enter_async_context(EnvPool(cfg.envs))
+        proc = TrainerProcess(
+            cfg.trainer, model_dir, run_dir.root,
+            load=str(resumed[1]) if resumed is not None else None,
+        )
+        started: dict[str, Any] = {}
+        trainer_up = anyio.Event()
+
+        async def start_trainer() -> None:  # overlaps with the engines' start-up
+            started["trainer"] = await anyio.to_thread.run_sync(proc.start, abandon_on_cancel=True)
+            trainer_up.set()
+
+        stack.callback(proc.stop)
+        tg.start_soon(start_trainer)
+        urls = await stack.enter_async_context(
+            running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
+        )
+        await trainer_up.wait()
+        client = await stack.enter_async_context(GenerationClient(urls, cfg.client))
+        tel = stack.enter_context(Telemetry(run_dir.root, cfg.telemetry, run_config=to_toml_dict(cfg)))
+        rt = Runtime(
+            cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, client=client, pool=pool, store=store,
+            writer=writer, corpus=corpus, trainer=AsyncTrainerClient(started["trainer"]), trainer_proc=proc,
+            tel=tel, engine_urls=urls, state=state,
+            rng=np.random.default_rng([cfg.seed, state.step]),
+        )
+        if state.meters:
+            rt.meters.load_state_dict(state.meters)
+        yield rt
+        tg.cancel_scope.cancel()
+
+
+async def _close_writer(writer: MemoryWriter) -> None:
+    writer.close()

@@ -1,0 +1,34 @@
+"""``spade train CONFIG [--run-dir PATH] [--set k=v ...]``: run SPADE, a baseline or an ablation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import anyio
+
+from spade_async import recipe
+from spade_async.errors import ConfigError
+from spade_async.rundir import RunDir, default_run_dir
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="spade train", description=__doc__)
+    p.add_argument("config", help="TOML recipe, e.g. configs/cpu-demo.toml")
+    p.add_argument("--run-dir", help="run directory (an existing one resumes from its latest checkpoint)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set trainer.lr=1e-6 (repeatable)")
+    args = p.parse_args(argv)
+    run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.config))
+    if run_dir.exists():  # resume: the saved config is the base, new overrides still apply
+        cfg = recipe.load(run_dir.config, args.overrides)
+    else:
+        cfg = recipe.load(args.config, args.overrides)
+        if run_dir.root.exists() and any(run_dir.root.iterdir()):
+            raise ConfigError(f"run directory '{run_dir.root}' exists but holds no config.toml; pick another --run-dir")
+        run_dir.create().write_config(cfg)
+    from spade_async.run import train
+
+    code = anyio.run(train, cfg, run_dir)
+    print(f"run directory: {run_dir.root}  (metrics.jsonl, envs/, episodes/, checkpoints/, hf/)")
+    return code
