@@ -1,4 +1,4 @@
-"""solution() returns ten million actions."""
+"""solution() returns two million actions."""
 
 import random
 
@@ -30,5 +30,5 @@ class HostileEnv:
         return f"count={self.count}", (1.0 if won else 0.0), won, truncated, {}
 
     def solution(self):
-        return ["\\boxed{press}"] * 10_000_000
+        return ["\\boxed{press}"] * 2_000_000
         return ["\\boxed{press}"] * self.target
