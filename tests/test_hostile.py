@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -93,6 +95,8 @@ REASONS = {
     "loopback_connect.py": "Error",  # ConnectionRefusedError / OSError: network unreachable
 }
 LEAKY = ("read_secret_file.py", "leak_environment.py")
+# classifications that only hold where the sandbox isolates that resource
+NEEDS = {"loopback_connect.py": ("bwrap", "unshare")}
 POOL = PoolConfig(max_workers=6, prewarm=0, call_timeout_s=6.0, open_timeout_s=6.0, memory_mb=512)
 
 
@@ -104,8 +108,16 @@ class Traps:
     listener: socket.socket = field(init=False)
     secret_files: list[Path] = field(init=False)
     escape_targets: list[Path] = field(init=False)
+    decoy: subprocess.Popen = field(init=False)
 
     def __post_init__(self) -> None:
+        # a host process holding the secret in its environment (/proc/PID/environ shows the
+        # environment a process started with, so setting os.environ here would prove nothing)
+        self.decoy = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)"],
+            env={"SPADE_HOSTILE_SECRET": SECRET},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.setblocking(False)
         name = f".spade_hostile_{TOKEN}"
@@ -139,6 +151,8 @@ class Traps:
             count += 1
 
     def cleanup(self) -> None:
+        self.decoy.kill()
+        self.decoy.wait()
         self.listener.close()
         for path in self.secret_files + self.escape_targets:
             path.unlink(missing_ok=True)
@@ -239,6 +253,8 @@ def test_corpus_is_complete():
 @pytest.mark.parametrize(("name", "stage"), list(CASES.items()), ids=[n[:-3] for n in CASES])
 def test_hostile_program_is_classified(outcome, name, stage):
     verdict = outcome.verdicts[name]
+    if name in NEEDS:
+        _needs(outcome, *NEEDS[name])
     assert verdict.stage == stage, f"{name}: {verdict.stage} ({verdict.reason[:300]})"
     assert verdict.valid is (stage == "ok")
     assert REASONS.get(name, "") in verdict.reason
@@ -265,8 +281,10 @@ def test_no_file_escaped_the_sandbox(outcome):
 def test_secrets_never_come_back(outcome, name):
     observation = outcome.observations[name]
     assert observation.startswith("loot=")  # the program really ran and reported its loot
-    if name == "read_secret_file.py":
-        _needs(outcome, "bwrap")
+    if name == "leak_environment.py":  # its own environment is scrubbed at every level
+        own = json.loads(observation[len("loot=") :].split(" | ")[0])
+        assert SECRET not in json.dumps(own) and "PATH" not in own, own
+    _needs(outcome, "bwrap")  # elsewhere the host's files and /proc are visible by design
     assert SECRET not in observation
 
 
