@@ -126,18 +126,36 @@ def sandboxed_verdicts():
 
     async def run():
         async with EnvPool(PoolConfig(max_workers=4, prewarm=0)) as pool:
-            return {p.name: await validate_source(p.read_text(), pool=pool) for p in ALL}
+            verdicts = {p.name: await validate_source(p.read_text(), pool=pool) for p in ALL}
+            tools = {}
+            for p in example_paths("tool_use"):  # the injected base class serves get_tools()
+                inst = await pool.open(p.read_text())
+                await pool.reset(inst, 0)
+                tools[p.name] = await pool.get_tools(inst)
+                await pool.close(inst)
+            return verdicts, tools
 
     return anyio.run(run)
 
 
 @pytest.mark.parametrize("path", ALL, ids=IDS)
 def test_examples_pass_the_sandboxed_gates(path, sandboxed_verdicts):
-    verdict = sandboxed_verdicts[path.name]
+    verdict = sandboxed_verdicts[0][path.name]
     assert (verdict.valid, verdict.stage) == (True, "ok"), verdict.reason
     assert verdict.multi_turn is True and verdict.feasibility == "proven"
     assert verdict.env_class and verdict.env_class.endswith("Env")
     assert verdict.warnings == []
+
+
+@pytest.mark.parametrize("path", example_paths("tool_use"), ids=lambda p: p.stem)
+def test_tool_use_examples_export_openai_tools_from_the_sandbox(path, sandboxed_verdicts):
+    tools = sandboxed_verdicts[1][path.name]
+    assert len(tools) >= 2
+    for tool in tools:
+        assert tool["type"] == "function"
+        fn = tool["function"]
+        assert fn["name"] and fn["description"] and fn["parameters"]["type"] == "object"
+        assert set(fn["parameters"]["required"]) <= set(fn["parameters"]["properties"])
 
 
 def test_check_file_on_a_tool_use_example_relies_on_injection():
