@@ -88,6 +88,20 @@ class ToolUseBaseEnv:
             return False
         return abs(got_num - want_num) <= NUMERIC_TOLERANCE
 
+    def _incorrect_answer_feedback(self):
+        """Observation after a wrong answer. Multi-step tasks that keep ``_user_messages``
+        (a list of instructions) and ``_current_msg`` (the index of the pending one) get told
+        which step is still open, instead of an information-free "incorrect"."""
+        text = "Incorrect answer. Keep using the tools."
+        steps, index = getattr(self, "_user_messages", None), getattr(self, "_current_msg", None)
+        if isinstance(steps, (list, tuple)) and isinstance(index, int) and 0 <= index < len(steps):
+            text += f" Step {index + 1}/{len(steps)} is still pending: {steps[index]!r}."
+        return text
+
+    def _obs_suffix(self):
+        """Kept for generated files that append it in reset(); tools travel via get_tools()."""
+        return ""
+
     # ----------------------------------------------------------- helpers for subclasses
     @staticmethod
     def tool_call_action(name, /, **arguments):
@@ -147,7 +161,7 @@ class ToolUseBaseEnv:
             if limit is not None and self.answer_attempts >= limit:
                 self.done = True
                 return "Incorrect answer, and no attempts are left.", 0.0, True, False, {}
-            return self._maybe_truncate("Incorrect answer. Keep using the tools.", 0.0)
+            return self._maybe_truncate(self._incorrect_answer_feedback(), 0.0)
 
         call = _TOOL_CALL_RE.search(action)
         if call is None:

@@ -146,3 +146,45 @@ def test_module_is_standard_library_only():
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
     }
     assert imported <= {"functools", "json", "re"}, imported
+
+
+REFERENCE_STYLE = """
+class LookupEnv(ToolUseBaseEnv):
+    def __init__(self, max_turns=6, **kwargs):
+        self.extra = "kept"
+        super().__init__(max_turns=max_turns, **kwargs)
+
+    def reset(self, seed=None):
+        rng = random.Random(seed)
+        self._state = {"k": rng.randint(1, 9)}
+        self._tools = {"read": {"description": "Read k.",
+                                "parameters": {"type": "object", "properties": {}}}}
+        self._expected_answer = self._state["k"]
+        self._user_messages = ["read k", "answer k"]
+        self._current_msg = 0
+        return "Read k, then answer it." + self._obs_suffix(), {}
+
+    def tool_read(self):
+        self._current_msg = 1
+        return str(self._state["k"])
+
+    def solution(self):
+        return ('<tool_call>{"name": "read", "arguments": {}}</tool_call>\\n'
+                f"<answer>{self._expected_answer}</answer>")
+"""
+
+
+def test_reference_style_subclass_runs_unchanged():
+    """Generated files rely on injection, ``_obs_suffix`` and the pending-step feedback."""
+    import random
+
+    namespace = {"ToolUseBaseEnv": ToolUseBaseEnv, "random": random}
+    exec(REFERENCE_STYLE, namespace)
+    env = namespace["LookupEnv"]()
+    assert env.extra == "kept" and env.max_turns == 6
+    obs, _ = env.reset(3)
+    assert obs == "Read k, then answer it."
+    assert "Step 1/2 is still pending: 'read k'" in env.step("<answer>0</answer>")[0]
+    call, answer = env.solution().splitlines()
+    assert env.step(call)[0] == f"Tool result:\n{env._expected_answer}"
+    assert env.step(answer)[1:3] == (1.0, True)
