@@ -16,11 +16,11 @@ so it replays) and one ``tool_<name>(**kwargs) -> str`` per tool; it may overrid
 ``_check_answer(answer)``. The base class provides ``get_tools()`` (OpenAI function
 schemas, for ``apply_chat_template(tools=...)``) and ``step()``.
 
-Rewards: a correct answer 1.0 (terminated); a wrong answer 0.0 (the episode goes on, as in
-the reference, unless the subclass sets ``max_answer_attempts`` and they are used up: then
-it terminates with 0.0); a successful tool call 0.0; a malformed action -0.1 (never an exception). When
-``max_turns`` is reached the episode is truncated and the solution is revealed in the
-observation.
+Rewards: a correct answer 1.0 (terminated); a wrong answer 0.0 and the episode goes on,
+as in the reference, unless the subclass sets ``max_answer_attempts`` and they are used
+up (then it terminates with 0.0); a tool call 0.0; a malformed action or a failing tool
+call -0.1 (never an exception). At ``max_turns`` the episode is truncated and the
+solution is revealed in the observation.
 """
 
 import functools
