@@ -132,11 +132,11 @@ class EnvPool:
     async def _prewarmer(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         started = False
         while True:
-            while (
-                len(self._idle) + self._starting < self.config.prewarm
-                and self._live() < self.config.max_workers
-            ):
-                self._idle.append(await self._new_worker())
+            # sequential: one spawn at a time, so _starting needs no counting here (a worker
+            # that open() is starting directly is not going to be idle)
+            while len(self._idle) < self.config.prewarm and self._live() < self.config.max_workers:
+                w = await self._new_worker()  # (not `_idle.append(await ...)`: binds first)
+                self._idle.append(w)
                 self._notify()
             if not started:
                 started = True
@@ -159,7 +159,7 @@ class EnvPool:
             return w
         with anyio.fail_after(self.config.capacity_wait_s):
             while True:
-                self._idle = [x for x in self._idle if not x.dead]
+                self._idle[:] = [x for x in self._idle if not x.dead]
                 if self._idle:
                     w = self._idle.pop()
                     self._want_spawn.set()

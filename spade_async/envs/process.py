@@ -9,6 +9,7 @@ EOF) kills the worker's whole process group: its state can no longer be trusted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ class EnvError(Exception):
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+_serial = itertools.count(1)
 _DECODER = msgspec.msgpack.Decoder(P.Reply)
 
 
@@ -63,16 +65,19 @@ class WorkerProcess:
         self.instances: set[int] = set()
         self.last_used = time.monotonic()
         self.seccomp = False
+        # on the worker's command line: find its processes in /proc (tests, leak checks)
+        self.tag = f"spade-worker-{os.getpid()}-{next(_serial)}"
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     async def start(self, timeout: float) -> None:
-        with anyio.CancelScope(shield=True):  # a spawned process must never go unowned
-            self.proc, self.wfd, self.rfd, self.workdir = await anyio.to_thread.run_sync(
-                sandbox.spawn, self.level, self.limits
-            )
+        limits = {**self.limits, "tag": self.tag}
+        # Spawned on the event-loop thread on purpose (a few ms): bwrap's --die-with-parent
+        # is PR_SET_PDEATHSIG, which fires when the *thread* that forked exits, so a
+        # short-lived to_thread worker would take the sandbox down with it.
+        self.proc, self.wfd, self.rfd, self.workdir = sandbox.spawn(self.level, limits)
         try:
             with anyio.fail_after(timeout):
                 ready = await self._read_reply()

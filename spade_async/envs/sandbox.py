@@ -198,3 +198,19 @@ def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | N
     os.set_blocking(req_w, False)
     os.set_blocking(rep_r, False)
     return proc, req_w, rep_r, workdir
+
+
+def find_pids(marker: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,188 @@
+"""EnvPool: isolation reported, shared/separate workers, timeouts kill the process group,
+dead workers replaced, bounded concurrency, output caps, a stdout that imitates the wire."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import anyio
+import pytest
+
+from spade_async.envs import sandbox
+from spade_async.envs.pool import EnvError, EnvPool, PoolConfig
+
+pytestmark = pytest.mark.anyio
+
+COUNTER = """
+class CounterEnv:
+    def __init__(self, max_turns=5, start=0, **kwargs):
+        self.max_turns, self.start = max_turns, start
+    def reset(self, seed=None):
+        self.n, self.t = self.start + (seed or 0), 0
+        return f"n={self.n}", {"seed": seed}
+    def step(self, action):
+        self.n += 1
+        self.t += 1
+        return f"n={self.n}", 0.5, False, self.t >= self.max_turns, {"action": action}
+    def solution(self):
+        return ["a", "b"]
+"""
+
+
+def variant(tag: str, body: str = "") -> str:
+    """A distinct environment (different source -> different env_id -> different worker)."""
+    return COUNTER.replace("class CounterEnv:", f"# {tag}\nclass CounterEnv:") + body
+
+
+async def wait_gone(tag: str) -> None:
+    """All processes of a worker exit (those in its pid namespace die asynchronously)."""
+    for _ in range(300):
+        if not sandbox.find_pids(tag):
+            break
+        await anyio.sleep(0.01)
+    assert sandbox.find_pids(tag) == []
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def pool():
+    async with EnvPool(PoolConfig(call_timeout_s=1.0, open_timeout_s=2.0, prewarm=2)) as p:
+        yield p
+
+
+async def test_isolation_reported(pool):
+    assert pool.isolation in sandbox.LEVELS
+    assert pool.isolation == sandbox.isolation_level("auto")
+    assert pool.stats()["isolation"] == pool.isolation
+    if sandbox.probe_all()["bwrap"] is None:
+        assert pool.isolation == "bwrap"
+
+
+async def test_reset_step_solution_close(pool):
+    inst = await pool.open(COUNTER, kwargs={"start": 10})
+    assert inst.env_class == "CounterEnv"
+    assert await pool.reset(inst, 2) == ("n=12", {"seed": 2})
+    obs, reward, term, trunc, info = await pool.step(inst, "go")
+    assert (obs, reward, term, trunc, info) == ("n=13", 0.5, False, False, {"action": "go"})
+    assert await pool.solution(inst) == ["a", "b"]
+    assert await pool.get_tools(inst) == []
+    await pool.close(inst)
+    with pytest.raises(EnvError) as err:
+        await pool.step(inst, "x")
+    assert err.value.kind == "lost"
+
+
+async def test_instances_share_a_worker_envs_do_not(pool):
+    a1, a2 = await pool.open(variant("A")), await pool.open(variant("A"))
+    b = await pool.open(variant("B"))
+    assert a1.worker is a2.worker and a1.env_id == a2.env_id
+    assert b.worker is not a1.worker and b.worker.pid != a1.worker.pid
+    await pool.reset(a1, 0)
+    await pool.reset(a2, 100)
+    await pool.step(a1, "x")
+    assert (await pool.step(a2, "x"))[0] == "n=101"  # instances keep separate state
+    for inst in (a1, a2, b):
+        await pool.close(inst)
+
+
+async def test_timeout_kills_whole_process_group(pool):
+    src = variant("T", "\nimport time\nCounterEnv.step = lambda self, a: time.sleep(60)\n")
+    inst = await pool.open(src)
+    await pool.reset(inst, 0)
+    tag = inst.worker.tag
+    assert sandbox.find_pids(tag), "worker processes should be visible before the timeout"
+    t0 = time.monotonic()
+    with pytest.raises(EnvError) as err:
+        await pool.step(inst, "x")
+    assert err.value.kind == "timeout"
+    assert time.monotonic() - t0 < 5.0
+    await wait_gone(tag)
+    with pytest.raises(EnvError) as err:
+        await pool.reset(inst, 0)
+    assert err.value.kind == "lost"
+
+
+async def test_killed_worker_is_replaced(pool):
+    src = variant("K")
+    inst = await pool.open(src)
+    await pool.reset(inst, 0)
+    old_pid, died = inst.worker.pid, pool.stats()["died"]
+    os.killpg(old_pid, signal.SIGKILL)  # someone kills the worker from outside
+    await wait_gone(inst.worker.tag)
+    with pytest.raises(EnvError) as err:
+        await pool.step(inst, "x")
+    assert err.value.kind == "crash"
+    assert pool.stats()["died"] == died + 1
+    again = await pool.open(src)  # the same environment gets a fresh worker
+    assert again.worker.pid != old_pid
+    assert await pool.reset(again, 1) == ("n=1", {"seed": 1})
+    await pool.close(again)
+    with anyio.fail_after(10):  # the idle pre-warmed set is topped up again
+        while pool.stats()["idle"] < 2:
+            await anyio.sleep(0.01)
+
+
+async def test_output_caps_and_fake_frames_on_stdout():
+    noisy = variant(
+        "N",
+        """
+import os, sys, struct
+def _step(self, action):
+    fake = struct.pack("<I", 5) + b"\\x95\\xa7step_ok"
+    print(fake.decode("latin-1") * 1000)
+    sys.stderr.write("x" * 100000)
+    os.write(1, fake * 1000)
+    os.write(2, fake * 1000)
+    return "real", 1.0, True, False, {}
+CounterEnv.step = _step
+CounterEnv.reset = lambda self, seed=None: ("y" * 5000, {}) if seed == 9 else ("ok", {})
+""",
+    )
+    async with EnvPool(PoolConfig(prewarm=0, max_workers=2, max_obs_chars=1000)) as pool:
+        inst = await pool.open(noisy)
+        await pool.reset(inst, 0)
+        assert await pool.step(inst, "x") == ("real", 1.0, True, False, {})
+        with pytest.raises(EnvError) as err:
+            await pool.reset(inst, 9)
+        assert err.value.kind == "output_too_large"
+        assert (await pool.reset(inst, 0))[0] == "ok"  # the worker survives a refused reply
+
+
+async def test_bounded_concurrency_and_eviction():
+    cfg = PoolConfig(prewarm=0, max_workers=2, capacity_wait_s=0.5)
+    async with EnvPool(cfg) as pool:
+        a, b = await pool.open(variant("c1")), await pool.open(variant("c2"))
+        assert pool.stats()["workers"] == 2
+        with pytest.raises(EnvError) as err:
+            await pool.open(variant("c3"))
+        assert err.value.kind == "busy"
+        await pool.close(a)  # c1's worker has no instance left: it may be evicted
+        c = await pool.open(variant("c3"))
+        assert pool.stats()["workers"] == 2
+        assert c.worker.pid not in (a.worker.pid, b.worker.pid)
+        assert (await pool.reset(b, 3))[0] == "n=3"
+
+
+async def test_many_concurrent_instances_one_env():
+    async with EnvPool(PoolConfig(prewarm=1, max_workers=4)) as pool:
+
+        async def play(i: int, out: dict) -> None:
+            inst = await pool.open(COUNTER)
+            await pool.reset(inst, i)
+            for _ in range(3):
+                obs = (await pool.step(inst, "x"))[0]
+            out[i] = obs
+            await pool.close(inst)
+
+        out: dict[int, str] = {}
+        async with anyio.create_task_group() as tg:
+            for i in range(32):
+                tg.start_soon(play, i, out)
+        assert out == {i: f"n={i + 3}" for i in range(32)}
+        assert pool.stats()["env_workers"] == 1
