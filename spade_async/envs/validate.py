@@ -102,7 +102,8 @@ class _Gates:
                 raise _Reject(_RESOURCE[exc.kind], f"during {self.stage}: {exc.message}") from None
             if exc.kind in ("busy", "boot"):
                 raise
-            raise _Reject(self.stage, f"{exc.kind}: {exc.message}") from None
+            feas = "failed" if self.stage == "feasibility" else None
+            raise _Reject(self.stage, f"{exc.kind}: {exc.message}", feas) from None
 
     async def open(self) -> Instance:
         inst = await self.call(self.pool.open(self.source, env_id=self.env_id))

@@ -1,0 +1,165 @@
+"""validate_source: every gate of ENV_CONTRACT.md, on small valid and invalid sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from spade_async.envs.pool import EnvPool, PoolConfig
+from spade_async.envs.validate import ValidateConfig, solution_actions, validate_source
+
+pytestmark = pytest.mark.anyio
+
+GOOD = r'''
+import random, re
+
+class GuessEnv:
+    """Guess a hidden number in 1..16 with higher/lower hints."""
+    def __init__(self, max_turns: int = 10, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.target, self.turn = self.rng.randint(1, 16), 0
+        return "Guess a number in 1..16; answer as \\boxed{N}.", {}
+
+    def step(self, action):
+        self.turn += 1
+        m = re.search(r"\\boxed\{(-?\d+)\}", action)
+        out_of_turns = self.turn >= self.max_turns
+        if not m:
+            return "Answer as \\boxed{N}.", 0.0, False, out_of_turns, {}
+        guess = int(m.group(1))
+        if guess == self.target:
+            return "Correct!", 1.0, True, False, {}
+        hint = "higher" if guess < self.target else "lower"
+        return f"{guess} is wrong: go {hint}.", 0.0, False, out_of_turns, {}
+
+    def solution(self):
+        lo, hi, moves = 1, 16, []
+        while True:
+            mid = (lo + hi) // 2
+            moves.append(f"\\boxed{{{mid}}}")
+            if mid == self.target:
+                return moves
+            lo, hi = (mid + 1, hi) if mid < self.target else (lo, mid - 1)
+'''
+
+
+def patched(extra: str) -> str:
+    """GOOD with methods replaced by ``extra`` (appended after the class)."""
+    return GOOD + "\n" + extra
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def pool():
+    cfg = PoolConfig(call_timeout_s=1.0, open_timeout_s=2.0, memory_mb=384, prewarm=2)
+    async with EnvPool(cfg) as p:
+        yield p
+
+
+async def test_valid_environment(pool):
+    v = await validate_source(GOOD, pool=pool)
+    assert (v.valid, v.stage, v.env_class) == (True, "ok", "GuessEnv")
+    assert v.feasibility == "proven" and v.multi_turn is True
+    assert v.isolation == pool.isolation and v.seconds > 0 and v.warnings == []
+
+
+async def test_free_text_solution_is_unverified(pool):
+    v = await validate_source(
+        patched("GuessEnv.solution = lambda self: 'Use binary search.'"), pool=pool
+    )
+    assert (v.valid, v.feasibility, v.multi_turn) == (True, "unverified", True)
+
+
+CASES = {
+    "syntax": ["", "class GuessEnv(:\n    pass\n", "hello world, not python"],
+    "structure": [
+        "class Helper:\n    pass\n",
+        GOOD + "\nclass OtherEnv:\n    def reset(self, seed=None): pass\n    def step(self, a): pass\n",
+    ],
+    "load": [
+        "raise RuntimeError('boom at import')\n" + GOOD,
+        patched("def _init(self, size): self.size = size\nGuessEnv.__init__ = _init"),
+        "import numpy\n" + GOOD,
+    ],
+    "reset": [
+        patched("GuessEnv.reset = lambda self, seed=None: ('', {})"),
+        patched("GuessEnv.reset = lambda self, seed=None: 'just a string'"),
+        patched("GuessEnv.reset = lambda self, seed=None: (42, {})"),
+    ],
+    "step": [
+        patched("GuessEnv.step = lambda self, a: ('o', 0.0, False)"),
+        patched("GuessEnv.step = lambda self, a: ('o', float('nan'), False, False, {})"),
+        patched("GuessEnv.step = lambda self, a: ('o', 1e9, False, False, {})"),
+        patched("GuessEnv.step = lambda self, a: ('o', 0.0, 'no', False, {})"),
+        patched("_old = GuessEnv.step\nGuessEnv.step = lambda self, a: _old(self, a) if a else 1 / 0"),
+    ],
+    "determinism": [
+        patched("_r = GuessEnv.reset\nGuessEnv.reset = lambda self, seed=None: (_r(self, seed), (f'{random.random()}', {}))[1]"),
+        patched("_s = GuessEnv.step\nGuessEnv.step = lambda self, a: (f'{random.random()}',) + _s(self, a)[1:]"),
+    ],
+    "not_done_at_reset": [patched("GuessEnv.step = lambda self, a: ('you win', 1.0, True, False, {})")],
+    "feasibility": [
+        patched("GuessEnv.solution = lambda self: ['\\\\boxed{0}', '\\\\boxed{99}']"),
+        patched("GuessEnv.solution = lambda self: 1 / 0"),
+    ],
+    "timeout": [
+        patched("def _spin(self, a):\n    while True: pass\nGuessEnv.step = _spin"),
+        "import time\ntime.sleep(30)\n" + GOOD,
+    ],
+    "memory": [patched("GuessEnv.reset = lambda self, seed=None: ('x' * (1 << 30), {})")],
+    "crash": [
+        patched("import os\nGuessEnv.step = lambda self, a: os._exit(7)"),
+        patched("import os, signal\nGuessEnv.reset = lambda self, seed=None: os.kill(os.getpid(), signal.SIGSEGV)"),
+    ],
+    "output_too_large": [patched("GuessEnv.reset = lambda self, seed=None: ('y' * 5_000_000, {})")],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "stage,source", [(s, src) for s, srcs in CASES.items() for src in srcs],
+    ids=[f"{s}-{i}" for s, srcs in CASES.items() for i in range(len(srcs))],
+)  # fmt: skip
+async def test_gate_rejects(pool, stage, source):
+    v = await validate_source(source, pool=pool)
+    assert not v.valid
+    assert v.stage == stage, v.reason
+    assert v.reason
+    if stage == "feasibility":
+        assert v.feasibility == "failed"
+
+
+async def test_import_screening_is_feedback(pool):
+    v = await validate_source("import os\n" + GOOD, pool=pool)
+    assert v.valid and "os" in v.warnings[0]
+
+
+async def test_single_action_episode_is_not_multi_turn(pool):
+    one = patched("GuessEnv.solution = lambda self: [f'\\\\boxed{{{self.target}}}']")
+    v = await validate_source(one, pool=pool)
+    assert v.valid and v.multi_turn is False
+    strict = await validate_source(one, pool=pool, config=ValidateConfig(require_multi_turn=True))
+    assert (strict.valid, strict.stage) == (False, "multi_turn")
+
+
+def test_solution_actions_forms():
+    assert solution_actions(["\\boxed{1}", "\\boxed{2}"]) == ["\\boxed{1}", "\\boxed{2}"]
+    assert solution_actions("\\boxed{1}\n\n\\boxed{2}\n") == ["\\boxed{1}", "\\boxed{2}"]
+    calls = '<tool_call>{"name": "f",\n "arguments": {}}</tool_call>\n<answer>4</answer>'
+    assert solution_actions(calls) == [
+        '<tool_call>{"name": "f",\n "arguments": {}}</tool_call>',
+        "<answer>4</answer>",
+    ]
+    assert solution_actions("Try the middle first, then halve the interval.") is None
+
+
+async def test_pool_survives_all_rejections(pool):
+    v = await validate_source(GOOD, pool=pool)
+    assert v.valid
+    stats = pool.stats()
+    assert stats["env_workers"] == 0  # each check releases its worker
