@@ -97,7 +97,7 @@ REASONS = {
 LEAKY = ("read_secret_file.py", "leak_environment.py")
 # classifications that only hold where the sandbox isolates that resource
 NEEDS = {"loopback_connect.py": ("bwrap", "unshare")}
-POOL = PoolConfig(max_workers=6, prewarm=0, call_timeout_s=6.0, open_timeout_s=6.0, memory_mb=512)
+POOL = PoolConfig(max_workers=6, prewarm=2, call_timeout_s=6.0, open_timeout_s=6.0, memory_mb=512)
 
 
 @dataclass

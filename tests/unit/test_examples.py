@@ -125,7 +125,7 @@ def sandboxed_verdicts():
     from spade_async.envs.validate import validate_source
 
     async def run():
-        async with EnvPool(PoolConfig(max_workers=4, prewarm=0)) as pool:
+        async with EnvPool(PoolConfig(max_workers=4, prewarm=2)) as pool:
             verdicts = {p.name: await validate_source(p.read_text(), pool=pool) for p in ALL}
             tools = {}
             for p in example_paths("tool_use"):  # the injected base class serves get_tools()
