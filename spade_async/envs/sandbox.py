@@ -7,8 +7,9 @@ Strongest available first:
               Python installation (``sys.base_prefix``) and the worker's own files at
               /opt/spade bound read-only, a private size-capped tmpfs /tmp, /proc and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
-- ``unshare`` util-linux ``unshare``: network and pid namespaces (plus a user namespace
-              when not root), ``--kill-child``; the filesystem stays visible.
+- ``unshare`` util-linux ``unshare``: network, pid and mount namespaces (plus a user
+              namespace when not root), a private /proc, ``--kill-child``; the filesystem
+              stays visible (read and write, as the calling user).
 - ``rlimit``  only resource limits and the syscall filter; logged as a loud warning.
 
 All levels add, inside the worker before any environment code runs: rlimits (address
@@ -97,7 +98,8 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
 def _unshare_prefix() -> list[str]:
     exe = shutil.which("unshare") or "unshare"
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [exe, *user, "--net", "--pid", "--fork", "--kill-child"]
+    # --mount-proc: /proc shows only the sandbox's own pids (no reading host environ files)
+    return [exe, *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
 
 def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:

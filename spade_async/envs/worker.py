@@ -251,8 +251,25 @@ def apply_limits(limits: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+def stay_off_pid_1() -> None:
+    """As PID 1 of a pid namespace (``unshare --pid --fork``) the kernel ignores signals we
+    send ourselves, so an environment's self-SIGKILL would be a no-op. Fork once (before the
+    seccomp filter forbids it): the parent waits as the namespace's init and exits with the
+    child's status (a signal N becomes 128+N, as bubblewrap reports it)."""
+    if os.getpid() != 1:
+        return
+    child = os.fork()
+    if child == 0:
+        return
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def main(argv: list[str]) -> None:
     rfd, wfd, limits = int(argv[1]), int(argv[2]), json.loads(argv[3])
+    stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
     if limits.get("workdir"):
         os.chdir(limits["workdir"])
