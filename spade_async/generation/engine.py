@@ -33,7 +33,7 @@ import torch
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.protocol import FinishReason, SamplingParams
 
-__all__ = ["Engine", "Sequence"]
+__all__ = ["Engine", "Sequence", "sample_tokens"]
 
 
 @dataclass
@@ -270,12 +270,13 @@ class Engine:
         rows = self.active[first_row:]
         temps_B1 = torch.tensor([[s.params.temperature] for s in rows], dtype=torch.float32)
         logprobs_BV = sampling_logprobs(logits_BV, temps_B1)
-        for b, seq in enumerate(rows):
-            token = _sample(logprobs_BV[b], seq.params, seq.generator)
+        tokens_B = sample_tokens(logprobs_BV, [s.params for s in rows], [s.generator for s in rows])
+        chosen_B = logprobs_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
+        for seq, token, logprob in zip(rows, tokens_B.tolist(), chosen_B.tolist(), strict=True):
             seq.output_ids.append(token)
-            seq.logprobs.append(float(logprobs_BV[b, token]))
-            self.stats["tokens"] += 1
+            seq.logprobs.append(logprob)
             self._check_finish(seq)
+        self.stats["tokens"] += len(rows)
         done = [i for i, s in enumerate(self.active) if s.finish is not None]
         if done:
             for i in done:
@@ -340,24 +341,37 @@ def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
-def _sample(logprobs_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    if params.temperature <= 0 or params.top_k == 1:
-        return int(logprobs_V.argmax())
-    probs_V = logprobs_V.exp()
-    if params.top_k > 0 and params.top_k < probs_V.numel():
-        kth = torch.topk(probs_V, params.top_k).values[-1]
-        probs_V = torch.where(probs_V >= kth, probs_V, torch.zeros_like(probs_V))
-    if params.min_p > 0:
-        probs_V = torch.where(
-            probs_V >= params.min_p * probs_V.max(), probs_V, torch.zeros_like(probs_V)
-        )
-    if params.top_p < 1.0:
-        sorted_V, order_V = torch.sort(probs_V, descending=True)
-        cum_V = sorted_V.cumsum(0)
-        drop_V = cum_V - sorted_V > params.top_p * cum_V[-1]
-        sorted_V = sorted_V.masked_fill(drop_V, 0.0)
-        probs_V = torch.zeros_like(probs_V).scatter(0, order_V, sorted_V)
-    return int(torch.multinomial(probs_V, 1, generator=generator))
+def sample_tokens(
+    logprobs_BV: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> torch.Tensor:
+    """One token per row: greedy rows take the argmax; the others apply top-k, min-p and
+    top-p to ``exp(logprobs_BV)`` and draw by inverse CDF with one uniform from the row's own
+    generator (exact categorical sampling; reproducible per request seed)."""
+    B, V = logprobs_BV.shape
+    greedy_B = torch.tensor([p.temperature <= 0 or p.top_k == 1 for p in params])
+    argmax_B = logprobs_BV.argmax(dim=1)
+    if bool(greedy_B.all()):
+        return argmax_B
+    probs_BV = logprobs_BV.exp()
+    top_k_B = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in params])
+    if bool((top_k_B < V).any()):
+        k_max = int(top_k_B.max())
+        kth_B1 = torch.topk(probs_BV, k_max, dim=1).values.gather(1, (top_k_B - 1).unsqueeze(1))
+        probs_BV = torch.where(probs_BV >= kth_B1, probs_BV, 0.0)
+    min_p_B1 = torch.tensor([[p.min_p] for p in params], dtype=probs_BV.dtype)
+    if bool((min_p_B1 > 0).any()):
+        floor_B1 = min_p_B1 * probs_BV.max(dim=1, keepdim=True).values
+        probs_BV = torch.where(probs_BV >= floor_B1, probs_BV, 0.0)
+    top_p_B1 = torch.tensor([[p.top_p] for p in params], dtype=probs_BV.dtype)
+    if bool((top_p_B1 < 1).any()):
+        sorted_BV, order_BV = torch.sort(probs_BV, dim=1, descending=True)
+        cum_BV = sorted_BV.cumsum(1)
+        drop_BV = cum_BV - sorted_BV > top_p_B1 * cum_BV[:, -1:]
+        probs_BV = torch.zeros_like(probs_BV).scatter(1, order_BV, sorted_BV.masked_fill(drop_BV, 0.0))
+    cdf_BV = probs_BV.cumsum(1)
+    u_B1 = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(1).to(cdf_BV.dtype)
+    drawn_B = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
+    return torch.where(greedy_B, argmax_B, drawn_B)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -1,0 +1,158 @@
+"""CPU engine throughput vs sequential ``model.generate``, same model, same run.
+
+    python bench/generation.py [--quick] [--save] [--model smollm2-135m-instruct]
+
+Starts the CPU engine (``python -m spade_async.generation.server``) as a subprocess on the
+real model, sends 1, 8 and 32 concurrent ``/generate`` requests through the project's
+client, and measures output tokens/s (all output tokens / wall time of the wave). The
+baseline is 8 sequential ``model.generate`` calls in this process on the same weights,
+same dtype, same prompts and token counts, run while the engine is idle so the two never
+compete for the CPU. Every request samples (temperature 1.0, fixed seeds) with
+``ignore_eos`` so each produces exactly ``max_new_tokens`` tokens on both sides.
+
+Target (issue 4): 8 concurrent requests >= 4x the output tokens/s of 8 sequential calls.
+Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from spade_async.generation.chat import render_prompt  # noqa: E402
+from spade_async.generation.client import GenerationClient  # noqa: E402
+from spade_async.generation.protocol import SamplingParams  # noqa: E402
+from spade_async.models import load_causal_lm, resolve_model  # noqa: E402
+
+TOPICS = ["a maze game", "prime numbers", "a river crossing puzzle", "sorting cards",
+          "a treasure map", "binary search", "a chess endgame", "graph colouring"]
+
+
+def _hardware() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "device": "cpu", "note": "shared machine; compare ratios"}
+
+
+def _prompts(tokenizer, n: int) -> list[list[int]]:
+    return [
+        render_prompt(tokenizer, [{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} "
+                                                             f"in detail (variant {i})."}])
+        for i in range(n)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sequential_generate(model, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
+    tokens, t0 = 0, time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        torch.manual_seed(i)
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, min_new_tokens=max_new,
+                                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+        tokens += out.shape[1] - len(prompt)
+    return time.perf_counter() - t0, tokens
+
+
+async def engine_wave(url: str, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
+    results = []
+    async with GenerationClient([url]) as client:
+        async def one(i: int) -> None:
+            sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, sampling_seed=i, ignore_eos=True)
+            results.append(await client.generate(prompts[i], sp))
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+        elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(r.output_ids) for r in results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer tokens (under a minute)")
+    parser.add_argument("--save", action="store_true", help="write bench/results/generation.json")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    args = parser.parse_args()
+    max_new = 32 if args.quick else 128
+    path = resolve_model(args.model)
+    model, tokenizer = load_causal_lm(str(path))
+    prompts = _prompts(tokenizer, 32)
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spade_async.generation.server", "--model", str(path), "--port", str(port)],
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async def ready():
+            async with GenerationClient([url]) as client:
+                await client.wait_healthy(180)
+                await client.generate(prompts[0], SamplingParams(max_new_tokens=4))  # warm-up
+
+        anyio.run(ready)
+        sequential_generate(model, prompts[:1], 4)  # warm-up
+        seq_s, seq_tokens = sequential_generate(model, prompts[:8], max_new)
+        engine = {}
+        for n in (1, 8, 32):
+            secs, tokens = anyio.run(engine_wave, url, prompts[:n], max_new)
+            engine[n] = {"seconds": round(secs, 3), "tokens": tokens, "tok_s": round(tokens / secs, 2)}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    seq_tok_s = seq_tokens / seq_s
+    ratio = engine[8]["tok_s"] / seq_tok_s
+    result = {
+        "bench": "generation",
+        "hardware": _hardware(),
+        "model": args.model,
+        "dtype": "float32",
+        "max_new_tokens": max_new,
+        "quick": args.quick,
+        "sequential_generate_8": {"seconds": round(seq_s, 3), "tokens": seq_tokens,
+                                  "tok_s": round(seq_tok_s, 2)},
+        "engine_concurrent": {str(k): v for k, v in engine.items()},
+        "targets": {
+            "engine_8_concurrent_vs_8_sequential_generate": {
+                "target": ">= 4.0x", "measured": round(ratio, 2), "met": ratio >= 4.0},
+        },
+    }
+    if args.save:
+        out = HERE / "results" / "generation.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
