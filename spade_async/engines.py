@@ -42,7 +42,8 @@ class CPUEngineServer(SGLangServer):
     kind = "CPU engine"
 
     def __init__(self, cfg: SGLangConfig, *, threads: int, dtype: str) -> None:
-        super().__init__(cfg)
+        super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0]))  # checks only; no GPU used
+        self.cfg = cfg
         self.argv = [
             sys.executable, "-m", "spade_async.generation.server", "--model", cfg.model_path,
             "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,

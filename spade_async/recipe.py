@@ -34,7 +34,7 @@ Mode = Literal[
 # mode -> overrides applied *under* the recipe's own keys
 MODES: dict[str, list[str]] = {
     "spade": [],
-    "fixed_pool": ["designer_enabled=false", "hint.enabled=false"],
+    "fixed_pool": ["designer_enabled=false", "hint.enabled=false", "agent.plays_hint=0", "replay_envs=8"],
     "frozen_designer": ["designer_train=false"],
     "no_corpus": ["designer.use_corpus=false"],
     "no_memory": ["designer.use_memory=false"],
@@ -115,7 +115,7 @@ def check(cfg: Config) -> None:
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness = {cfg.max_staleness}: must be >= 0")
     temps = {cfg.agent.temperature, cfg.designer.temperature}
-    if cfg.designer_train and len(temps) > 1:
+    if cfg.designer_enabled and cfg.designer_train and len(temps) > 1:
         raise ConfigError(
             f"agent.temperature ({cfg.agent.temperature}) and designer.temperature "
             f"({cfg.designer.temperature}) differ but both roles train with trainer.temperature; "

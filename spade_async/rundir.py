@@ -76,7 +76,10 @@ class RunDir:
         return best
 
     def write_config(self, config: msgspec.Struct) -> None:
-        write_atomic(self.config, msgspec.toml.encode(config))
+        import tomli_w
+
+        data = _drop_none(msgspec.to_builtins(config))  # TOML has no null: None = the default
+        write_atomic(self.config, tomli_w.dumps(data).encode())
 
     def save_env(self, env_id: str, source: str, verdict: msgspec.Struct | dict) -> None:
         self.envs.mkdir(parents=True, exist_ok=True)
@@ -87,6 +90,14 @@ class RunDir:
         path = self.episodes / f"{name}.txt"
         write_atomic(path, text.encode())
         return path
+
+
+def _drop_none(obj):
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_drop_none(v) for v in obj]
+    return obj
 
 
 def default_run_dir(config_path: str | Path) -> Path:

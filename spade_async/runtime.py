@@ -106,23 +106,23 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         corpus = None
         if cfg.designer_enabled and cfg.designer.use_corpus:
             corpus = stack.enter_context(open_corpus(cfg.corpus))
+        proc = TrainerProcess(
+            cfg.trainer, model_dir, run_dir.root,
+            load=str(resumed[1]) if resumed is not None else None,
+        )
+        stack.callback(proc.stop)  # runs after the task group below has exited
         tg = await stack.enter_async_context(anyio.create_task_group())
         writer = MemoryWriter(store)
         await tg.start(writer.run)
         stack.push_async_callback(_close_writer, writer)
         pool = await stack.enter_async_context(EnvPool(cfg.envs))
-        proc = TrainerProcess(
-            cfg.trainer, model_dir, run_dir.root,
-            load=str(resumed[1]) if resumed is not None else None,
-        )
         started: dict[str, Any] = {}
         trainer_up = anyio.Event()
 
         async def start_trainer() -> None:  # overlaps with the engines' start-up
-            started["trainer"] = await anyio.to_thread.run_sync(proc.start, abandon_on_cancel=True)
+            started["trainer"] = await anyio.to_thread.run_sync(proc.start)
             trainer_up.set()
 
-        stack.callback(proc.stop)
         tg.start_soon(start_trainer)
         urls = await stack.enter_async_context(
             running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
