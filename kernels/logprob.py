@@ -10,11 +10,13 @@ logsumexp, target logit and (optionally) entropy. Only lse_T and entropy_T are k
 Backward recomputes logits_CV per chunk, turns it in place into grad_logits_CV and does
 grad_hidden_CD = grad_logits_CV @ weight_VD and grad_weight_VD += grad_logits_CV.T @ hidden_CD.
 
-Memory beyond inputs and outputs: one logits_CV buffer plus ~2 C x V fp32 temporaries for
-the row ops (C * V * 4 * 3 bytes; C=128, V=49,152: ~75 MB), the fp32 grad_weight_VD
-accumulator (V * D * 4 bytes, the same size the naive path's weight gradient has) and
-O(T) vectors. Nothing grows with T x V. Cost: one extra logits matmul (T*V*D) in backward,
-the price of not storing T x V activations.
+Memory beyond inputs and outputs: the logits_CV buffer (C * V * itemsize) plus at most two
+C x V fp32 temporaries in the torch row ops (logsumexp's, or exp and product with entropy;
+C=341, V=49,152: 64 MB each), none in the Triton row ops; the fp32 grad_weight_VD
+accumulator (V * D * 4 bytes, as big as the weight gradient the naive path builds too); O(T)
+vectors (lse_T, entropy_T). Nothing grows with T x V. Cost: one extra logits matmul
+(2*T*V*D flops) in backward, the price of not storing T x V activations; on CPU the smaller
+working set of each chunk makes up for it (bench/logprob.py).
 
 Row ops are pluggable: `TorchRowOps` here (CPU and any device), `TritonRowOps` in
 triton_logprob.py (one fused pass per row, in place). Gradients reach hidden and weight
@@ -30,8 +32,11 @@ import torch
 
 __all__ = ["ChunkedLinearLogprob", "RowOps", "TorchRowOps", "acc_dtype", "default_chunk_size"]
 
-# Logits elements per chunk; tuned on a 2-core CPU with V=49,152 (see bench/logprob.py).
-_CHUNK_ELEMS = 4 * 1024 * 1024
+# Logits elements per chunk: 16M (64 MB fp32; 341 tokens at V=49,152). On a 2-core CPU at
+# T=4096, V=49,152, D=576, CPU time fell from 64 to 384 tokens per chunk (fewer, larger
+# matmuls) while peak memory rose by one C x V buffer per step; 16M keeps the fused peak
+# under 1/10 of the naive one there (see bench/logprob.py --sweep).
+_CHUNK_ELEMS = 16 * 1024 * 1024
 
 
 def default_chunk_size(vocab: int, device: torch.device) -> int:
