@@ -111,6 +111,11 @@ class EnvPool:
             self._by_env.clear()
         await self._tg.__aexit__(None, None, None)
 
+    def detached_worker(self) -> WorkerProcess:
+        """A worker configured like the pool's but not managed by it (benchmarks, tests):
+        the caller starts it (``await w.start(timeout)``) and must ``await w.kill(why)``."""
+        return WorkerProcess(self.isolation, self._limits, self._max_frame)
+
     def _live(self) -> int:
         return len(self._idle) + len(self._by_env) + self._starting
 
@@ -134,7 +139,15 @@ class EnvPool:
         while True:
             # sequential: one spawn at a time, so _starting needs no counting here (a worker
             # that open() is starting directly is not going to be idle)
-            while len(self._idle) < self.config.prewarm and self._live() < self.config.max_workers:
+            while len(self._idle) < self.config.prewarm:
+                if self._live() >= self.config.max_workers:
+                    # new environments (the common case in SPADE) need a clean worker more
+                    # than a closed environment needs to stay loaded: evict one, LRU
+                    spare = self._spare()
+                    if spare is None:
+                        break
+                    await self.release(spare.env_id)
+                    continue
                 w = await self._new_worker()  # (not `_idle.append(await ...)`: binds first)
                 self._idle.append(w)
                 self._notify()
@@ -153,6 +166,11 @@ class EnvPool:
         self._notify()
 
     # --- worker assignment -----------------------------------------------------------
+    def _spare(self) -> WorkerProcess | None:
+        """The least recently used environment worker without open instances, if any."""
+        spare = [w for w in self._by_env.values() if not w.instances and not w.lock.locked()]
+        return min(spare, key=lambda w: w.last_used) if spare else None
+
     async def _worker_for(self, env_id: str) -> WorkerProcess:
         w = self._by_env.get(env_id)
         if w is not None and not w.dead:
@@ -167,12 +185,9 @@ class EnvPool:
                 if self._live() < self.config.max_workers:
                     w = await self._new_worker()
                     break
-                spare = [
-                    x for x in self._by_env.values() if not x.instances and not x.lock.locked()
-                ]
-                if spare:  # evict the least recently used environment without instances
-                    victim = min(spare, key=lambda x: x.last_used)
-                    await self.release(victim.env_id)
+                spare = self._spare()
+                if spare is not None:
+                    await self.release(spare.env_id)
                     continue
                 await self._changed.wait()
         w.env_id = env_id
@@ -254,6 +269,8 @@ class EnvPool:
             await self._call(w, P.Close(inst.id), self.config.call_timeout_s)
         except EnvError:
             pass  # a close() that raises or hangs is the environment's problem, not ours
+        if not w.instances:
+            self._want_spawn.set()  # its slot may now be evicted to keep the prewarm reserve
         self._notify()
 
     def stats(self) -> dict[str, Any]:

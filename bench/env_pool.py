@@ -1,0 +1,235 @@
+"""Environment pool throughput: pooled sandboxed step vs in-process vs fresh process per call.
+
+    python bench/env_pool.py [--quick] [--save] [--isolation auto|bwrap|unshare|rlimit]
+
+Measures, at the strongest isolation available (or the one asked for):
+- pooled ``step`` round trip (one instance, sequential calls): median, p90, steps/s;
+- the same environment's ``step`` called in-process (the reference SPADE's way, no sandbox);
+- a fresh sandboxed process per call (boot + load + reset + step + kill): median;
+- worker cold start (spawn -> ready) and ``open`` on a cold and on a pre-warmed worker;
+- 1, 8 and 64 concurrent instances, all of one environment (one shared worker) and spread
+  over 8 environments (8 workers): steps/s, median step latency, instances lost, and the
+  workers left alive after the pool closes (must be 0).
+The last line printed is one JSON object; ``--save`` also writes bench/results/env_pool.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from spade_async.envs import protocol as P
+from spade_async.envs import sandbox
+from spade_async.envs.pool import EnvError, EnvPool, PoolConfig
+
+SOURCE = r'''
+import random, re
+
+class MastermindEnv:
+    """Find a hidden 4-digit code; feedback gives exact and misplaced digits."""
+    def __init__(self, max_turns: int = 1_000_000, **kwargs):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        rng = random.Random(seed)
+        self.code, self.turn = [rng.randint(0, 5) for _ in range(4)], 0
+        return "Guess the 4-digit code (digits 0-5) as \\boxed{dddd}.", {}
+    def step(self, action):
+        self.turn += 1
+        m = re.search(r"\\boxed\{([0-5]{4})\}", action)
+        if not m:
+            return "Format: \\boxed{dddd}", 0.0, False, self.turn >= self.max_turns, {}
+        guess = [int(c) for c in m.group(1)]
+        exact = sum(g == c for g, c in zip(guess, self.code))
+        common = sum(min(guess.count(d), self.code.count(d)) for d in range(6))
+        done = exact == 4
+        obs = f"{exact} exact, {common - exact} misplaced"
+        return obs, 1.0 if done else exact / 8, done, self.turn >= self.max_turns, {"turn": self.turn}
+'''
+ACTION = "I think it is \\boxed{0123}"
+
+
+def hardware(isolation: str) -> dict:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "isolation": isolation,
+        "note": "shared machine: other jobs may run concurrently",
+    }
+
+
+def ms(ns_list: list[int]) -> dict:
+    s = sorted(ns_list)
+    return {
+        "median_ms": round(statistics.median(s) / 1e6, 4),
+        "p90_ms": round(s[int(0.9 * (len(s) - 1))] / 1e6, 4),
+        "n": len(s),
+    }
+
+
+def in_process(n: int) -> dict:
+    ns: dict = {}
+    exec(compile(SOURCE, "<bench-env>", "exec"), ns)  # noqa: S102 - our own source
+    env = ns["MastermindEnv"]()
+    env.reset(seed=0)
+    lat = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        env.step(ACTION)
+        lat.append(time.perf_counter_ns() - t)
+    return ms(lat)
+
+
+async def pooled(pool: EnvPool, n: int) -> dict:
+    inst = await pool.open(SOURCE)
+    await pool.reset(inst, 0)
+    for _ in range(min(200, n)):  # warm-up
+        await pool.step(inst, ACTION)
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        await pool.step(inst, ACTION)
+        lat.append(time.perf_counter_ns() - t)
+    wall = time.perf_counter() - t0
+    await pool.close(inst)
+    return {**ms(lat), "steps_per_s": round(n / wall)}
+
+
+async def fresh_per_call(pool: EnvPool, n: int) -> dict:
+    """What a call costs when every call gets its own sandboxed process."""
+    lat, boot = [], []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        w = pool.detached_worker()
+        await w.start(30)
+        boot.append(time.perf_counter_ns() - t)
+        await w.request(P.Open(1, "bench", SOURCE, {}), 30)
+        await w.request(P.Reset(1, 0), 30)
+        await w.request(P.Step(1, ACTION), 30)
+        await w.kill("bench done")
+        lat.append(time.perf_counter_ns() - t)
+    return {**ms(lat), "boot": ms(boot)}
+
+
+async def open_times(n: int, isolation: str) -> dict:
+    cold, warm = [], []
+    async with EnvPool(PoolConfig(isolation=isolation, prewarm=0)) as pool:
+        for i in range(n):
+            t = time.perf_counter_ns()
+            inst = await pool.open(SOURCE + f"\n# cold {i}\n")
+            cold.append(time.perf_counter_ns() - t)
+            await pool.close(inst)
+    async with EnvPool(PoolConfig(isolation=isolation, prewarm=1)) as pool:
+        for i in range(n):
+            with anyio.fail_after(30):
+                while pool.stats()["idle"] < 1:
+                    await anyio.sleep(0.005)
+            t = time.perf_counter_ns()
+            inst = await pool.open(SOURCE + f"\n# warm {i}\n")
+            warm.append(time.perf_counter_ns() - t)
+            await pool.close(inst)
+    return {"open_cold_worker": ms(cold), "open_prewarmed_worker": ms(warm)}
+
+
+async def concurrent(isolation: str, n: int, envs: int, steps: int) -> dict:
+    lost, lat = 0, []
+    cfg = PoolConfig(isolation=isolation, prewarm=0, max_workers=max(envs, 1))
+    async with EnvPool(cfg) as pool:
+        tag_prefix = f"spade-worker-{os.getpid()}-"
+
+        insts = []
+        for i in range(n):  # open and reset first, so the timing covers steps only
+            insts.append(await pool.open(SOURCE + f"\n# env {i % envs}\n"))
+            await pool.reset(insts[-1], i)
+
+        async def play(inst) -> None:
+            nonlocal lost
+            try:
+                for _ in range(steps):
+                    t = time.perf_counter_ns()
+                    await pool.step(inst, ACTION)
+                    lat.append(time.perf_counter_ns() - t)
+                await pool.close(inst)
+            except EnvError:
+                lost += 1
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for inst in insts:
+                tg.start_soon(play, inst)
+        wall = time.perf_counter() - t0
+        workers = pool.stats()["workers"]
+    await anyio.sleep(0.3)  # processes in a pid namespace exit asynchronously
+    leaked = len(sandbox.find_pids(tag_prefix))
+    return {
+        "instances": n, "envs": envs, "workers": workers, "steps_each": steps,
+        "steps_per_s": round(n * steps / wall), **ms(lat), "lost": lost, "workers_leaked": leaked,
+    }  # fmt: skip
+
+
+async def run(args: argparse.Namespace) -> dict:
+    quick = args.quick
+    isolation = sandbox.isolation_level(args.isolation)
+    n_steps, n_fresh, n_open, k = (3000, 10, 5, 50) if quick else (30000, 30, 20, 300)
+    out: dict = {"name": "env_pool", "quick": quick, "hardware": hardware(isolation)}
+    out["in_process_step"] = in_process(n_steps)
+    async with EnvPool(PoolConfig(isolation=isolation, prewarm=1)) as pool:
+        out["pooled_step"] = await pooled(pool, n_steps)
+        out["fresh_process_per_call"] = await fresh_per_call(pool, n_fresh)
+    out.update(await open_times(n_open, isolation))
+    out["concurrency"] = [
+        await concurrent(isolation, n, envs, k)
+        for n in (1, 8, 64)
+        for envs in sorted({1, min(n, 8)})
+    ]
+    pooled_ms = out["pooled_step"]["median_ms"]
+    speedup = out["fresh_process_per_call"]["median_ms"] / pooled_ms
+    c64 = [c for c in out["concurrency"] if c["instances"] == 64]
+    out["targets"] = {
+        "pooled_step_median_ms": {"target": "<= 0.5", "measured": pooled_ms, "met": pooled_ms <= 0.5},
+        "speedup_vs_fresh_process": {"target": ">= 50", "measured": round(speedup, 1), "met": speedup >= 50},
+        "instances_lost_at_64": {"target": 0, "measured": sum(c["lost"] for c in c64), "met": all(c["lost"] == 0 for c in c64)},
+        "workers_leaked": {"target": 0, "measured": sum(c["workers_leaked"] for c in out["concurrency"]),
+                           "met": all(c["workers_leaked"] == 0 for c in out["concurrency"])},
+    }  # fmt: skip
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sample sizes (under a minute)")
+    parser.add_argument("--save", action="store_true", help="write bench/results/env_pool.json")
+    parser.add_argument("--isolation", default="auto", choices=["auto", *sandbox.LEVELS])
+    args = parser.parse_args()
+    result = anyio.run(run, args)
+    line = json.dumps(result)
+    if args.save:
+        path = Path(__file__).resolve().parent / "results" / "env_pool.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
