@@ -10,7 +10,7 @@ import sys
 
 import msgspec
 
-from spade_async.errors import UsageError
+from spade_async.errors import SpadeError, UsageError
 
 _GATES = ("syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
           "feasibility")  # fmt: skip
@@ -53,9 +53,13 @@ def main(argv: list[str]) -> int:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
-    from spade_async.envs.validate import check_file  # after argument errors: fast usage
+    from spade_async.envs.pool import EnvError  # after argument errors: fast usage
+    from spade_async.envs.validate import check_file
 
-    verdict = check_file(args.file, seeds)
+    try:
+        verdict = check_file(args.file, seeds)
+    except EnvError as exc:  # the sandbox itself failed (boot, capacity), not the environment
+        raise SpadeError(f"the sandbox could not run the check: {exc}") from None
     if args.json:
         sys.stdout.write(msgspec.json.encode(verdict).decode() + "\n")
     else:
