@@ -186,3 +186,52 @@ async def test_many_concurrent_instances_one_env():
                 tg.start_soon(play, i, out)
         assert out == {i: f"n={i + 3}" for i in range(32)}
         assert pool.stats()["env_workers"] == 1
+
+
+async def test_no_process_creation_but_threads_work(pool):
+    src = variant(
+        "F",
+        """
+import os, threading
+def _reset(self, seed=None):
+    box = []
+    t = threading.Thread(target=lambda: box.append("thread ok"))
+    t.start()
+    t.join()
+    try:
+        os.fork()
+        forked = "forked"
+    except PermissionError:
+        forked = "fork denied"
+    try:
+        os.kill(1, 0)
+        signalled = "signalled pid 1"
+    except (PermissionError, ProcessLookupError):
+        signalled = "kill denied"
+    return f"{box[0]}, {forked}, {signalled}", {}
+CounterEnv.reset = _reset
+""",
+    )
+    inst = await pool.open(src)
+    obs, _ = await pool.reset(inst, 0)
+    if inst.worker.seccomp:
+        assert obs == "thread ok, fork denied, kill denied"
+    await pool.close(inst)
+
+
+@pytest.mark.parametrize("level", ["unshare", "rlimit"])
+async def test_fallback_levels(level):
+    if sandbox.probe_all()[level] is not None:
+        pytest.skip(f"{level} does not work here: {sandbox.probe_all()[level]}")
+    selfkill = variant(
+        "S", "\nimport os\nCounterEnv.step = lambda self, a: os.kill(os.getpid(), 9)\n"
+    )
+    async with EnvPool(PoolConfig(isolation=level, prewarm=0, max_workers=2)) as pool:
+        assert pool.isolation == level
+        inst = await pool.open(selfkill)
+        assert await pool.reset(inst, 4) == ("n=4", {"seed": 4})
+        with pytest.raises(EnvError) as err:
+            await pool.step(inst, "x")
+        assert err.value.kind == "crash" and "SIGKILL" in err.value.message
+    if level == "rlimit":
+        assert sandbox._warned  # the weak level was announced (logged once per process)
