@@ -27,10 +27,11 @@ __all__ = ["TrainerProcess"]
 
 class TrainerProcess:
     def __init__(self, cfg: TrainerConfig, model_dir: str | Path, run_dir: str | Path, *,
-                 nproc: int = 1, load: str | Path | None = None, threads: int = 0) -> None:
+                 nproc: int = 1, load: str | Path | None = None, threads: int = 0,
+                 env: dict[str, str] | None = None) -> None:
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = Path(run_dir)  # created by start(): building the command has no side effects
+        self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES from the placement (placement.py)
         self.socket_path = cfg.socket_path or str(self.run_dir / "trainer.sock")
         self.log_path = self.run_dir / "trainer.log"
         self.cmd = [
@@ -48,10 +49,11 @@ class TrainerProcess:
 
     def start(self) -> TrainerClient:
         """Launch and return a connected client once rank 0 answers a ping."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                   PYTHONUNBUFFERED="1")
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,

@@ -38,7 +38,8 @@ def _setup() -> tuple[torch.device, object]:
 def make_executor(trainer: Trainer):
     def execute(req: rpc.Request) -> rpc.Reply:
         if isinstance(req, rpc.TrainStep):
-            return rpc.StepDone(metrics=trainer.train_step(req.batch, validated=True))
+            return rpc.StepDone(metrics=trainer.train_step(req.batch, validated=True,
+                                                              packing=req.packing))
         if isinstance(req, rpc.PushWeights):
             t0 = time.perf_counter()
             versions = push_weights(trainer, req)

@@ -15,11 +15,10 @@ import importlib.util
 from pathlib import Path
 
 import torch
+from spade_kernels import linear_logprob
 from torch import nn
 
 from spade_async.trainer.config import TrainerConfig
-
-from spade_kernels import linear_logprob
 
 __all__ = ["PolicyModel", "load_policy", "decoder_layers"]
 

@@ -69,16 +69,15 @@ def _ffd(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]
 
 
 def _padded_bins(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """Arrival-order bins whose padded size (count x longest) stays within budget."""
-    bins: list[list[int]] = []
-    for i in indices:
-        if bins:
-            cur = bins[-1]
-            if (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) <= budget:
-                cur.append(i)
-                continue
-        bins.append([i])
-    return bins
+    """Arrival-order micro-batches of a fixed sample count k = budget // longest (>= 1).
+
+    This is what a padded trainer must do to bound memory for the worst case; each
+    micro-batch is then padded to its own longest sample (dynamic padding).
+    """
+    if not indices:
+        return []
+    k = max(1, budget // max(lengths[i] for i in indices))
+    return [indices[j:j + k] for j in range(0, len(indices), k)]
 
 
 def plan_microbatches(
@@ -88,7 +87,7 @@ def plan_microbatches(
 
     Samples go to ranks longest first onto the least-loaded rank (balanced tokens); each
     rank then packs first-fit decreasing under the token budget (packed) or takes them in
-    order padded to the longest (padded). A rank short of micro-batches splits its largest
+    order, a fixed count per micro-batch, each padded to its longest (padded). A rank short of micro-batches splits its largest
     one, or gets an empty one (it still runs forward/backward so FSDP collectives match).
     """
     load = [0] * world_size

@@ -34,6 +34,7 @@ class Ping(msgspec.Struct, tag=True, frozen=True):
 
 class TrainStep(msgspec.Struct, tag=True, frozen=True):
     batch: Batch
+    packing: bool | None = None  # override TrainerConfig.packing for this step (benchmarks)
 
 
 class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):

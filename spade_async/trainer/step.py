@@ -17,13 +17,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from spade_kernels import policy_loss
 
 from spade_async.trainer.batch import Batch, validate_batch
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.model import PolicyModel, load_policy
 from spade_async.trainer.packing import build_microbatch, loss_denominator, plan_microbatches
-
-from spade_kernels import policy_loss
 
 __all__ = ["Trainer", "lr_lambda"]
 
@@ -90,22 +89,23 @@ class Trainer:
         metrics.pop("sequences", None)
         return loss, metrics
 
-    def accumulate(self, batch: Batch) -> tuple[torch.Tensor, list[str], int]:
+    def accumulate(self, batch: Batch, packing: bool | None = None) -> tuple[torch.Tensor, list[str], int]:
         """Forward + backward over this rank's micro-batches; gradients stay in ``.grad``.
 
         Returns a device vector [loss, *token-weighted metric sums, loss tokens, tokens]
         (this rank's share; sum it over ranks), the metric names and the micro-batch count.
         """
         samples = batch.samples
+        packed = self.cfg.packing if packing is None else packing
         denominator = loss_denominator(samples, self.cfg.loss_agg)
         plan = plan_microbatches([len(s.token_ids) for s in samples], self.world,
-                                 self.cfg.micro_batch_tokens, packed=self.cfg.packing)
+                                 self.cfg.micro_batch_tokens, packed=packed)
         acc: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
         loss_tokens = torch.zeros((), device=self.device)
         n_tokens = 0
         for indices in plan[self.rank]:
-            mb = build_microbatch(samples, indices, packed=self.cfg.packing).to(self.device)
+            mb = build_microbatch(samples, indices, packed=packed).to(self.device)
             loss, metrics = self._loss(mb, denominator)
             loss.backward()
             loss_sum += loss.detach()
@@ -119,12 +119,16 @@ class Trainer:
                            torch.tensor(float(n_tokens), device=self.device)])
         return vec, keys, len(plan[self.rank])
 
-    def train_step(self, batch: Batch, *, validated: bool = False) -> dict[str, float]:
-        """Validate (unless the caller did), run every micro-batch of this rank, then step."""
+    def train_step(self, batch: Batch, *, validated: bool = False,
+                   packing: bool | None = None) -> dict[str, float]:
+        """Validate (unless the caller did), run every micro-batch of this rank, then step.
+
+        ``packing`` overrides ``cfg.packing`` for this step (benchmarks compare layouts).
+        """
         t0 = time.perf_counter()
         if not validated:
             validate_batch(batch, self.vocab_size)
-        vec, keys, n_micro = self.accumulate(batch)
+        vec, keys, n_micro = self.accumulate(batch, packing)
         grad_norm = self._clip_grad_norm()
         if self.distributed:
             dist.all_reduce(vec)
