@@ -26,19 +26,37 @@ __all__ = ["TrainerProcess"]
 
 
 class TrainerProcess:
-    def __init__(self, cfg: TrainerConfig, model_dir: str | Path, run_dir: str | Path, *,
-                 nproc: int = 1, load: str | Path | None = None, threads: int = 0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        model_dir: str | Path,
+        run_dir: str | Path,
+        *,
+        nproc: int = 1,
+        load: str | Path | None = None,
+        threads: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)  # created by start(): building the command has no side effects
         self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES from the placement (placement.py)
         self.socket_path = cfg.socket_path or str(self.run_dir / "trainer.sock")
         self.log_path = self.run_dir / "trainer.log"
         self.cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
-            "-m", "spade_async.trainer.main", "--model-dir", str(model_dir),
-            "--config-json", msgspec.json.encode(cfg).decode(), "--socket", self.socket_path,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.2",
+            "-m",
+            "spade_async.trainer.main",
+            "--model-dir",
+            str(model_dir),
+            "--config-json",
+            msgspec.json.encode(cfg).decode(),
+            "--socket",
+            self.socket_path,
         ]
         if load:
             self.cmd += ["--load", str(load)]
@@ -52,12 +70,21 @@ class TrainerProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "PYTHONUNBUFFERED": "1", **self.env}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while not os.path.exists(self.socket_path):
             dead = self.alive()
