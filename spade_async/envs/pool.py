@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ from spade_async.envs import sandbox
 from spade_async.envs.process import EnvError, WorkerProcess
 
 __all__ = ["EnvPool", "PoolConfig", "EnvError", "Instance"]
+
+log = logging.getLogger(__name__)
 
 
 class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -88,6 +91,7 @@ class EnvPool:
         self._changed = anyio.Event()
         self._want_spawn = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._warned_seccomp = False
         self.counters = {"spawned": 0, "killed": 0, "died": 0, "opened": 0, "closed": 0, "calls": 0}
 
     # --- lifecycle -------------------------------------------------------------------
@@ -125,6 +129,9 @@ class EnvPool:
             w = WorkerProcess(self.isolation, self._limits, self._max_frame)
             await w.start(self.config.boot_timeout_s)
             self.counters["spawned"] += 1
+            if self.config.deny_fork and not w.seccomp and not self._warned_seccomp:
+                self._warned_seccomp = True
+                log.warning("no seccomp filter on this platform: environments CAN fork and signal")
             return w
         finally:
             self._starting -= 1

@@ -264,7 +264,9 @@ def stay_off_pid_1() -> None:
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == child:
-            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+            os._exit(
+                128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            )
 
 
 def main(argv: list[str]) -> None:
