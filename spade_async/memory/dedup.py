@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 from datasketch import MinHash, MinHashLSH
 
+from spade_async.errors import ConfigError
 from spade_async.memory.records import normalize
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -33,7 +34,13 @@ def _permutations(num_perm: int):
 @lru_cache(maxsize=8)
 def band_ranges(threshold: float, num_perm: int) -> tuple[tuple[int, int], ...]:
     """(start, end) of each LSH band, as datasketch picks them for ``threshold``."""
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    try:
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    except ValueError as exc:
+        raise ConfigError(
+            f"memory.near_dup_threshold={threshold} with memory.num_perm={num_perm}: {exc}; "
+            "lower the threshold or raise num_perm"
+        ) from None
     return tuple((int(a), int(b)) for a, b in lsh.hashranges)
 
 

@@ -20,6 +20,7 @@ import msgspec
 
 from spade_async.config import Doc
 from spade_async.errors import ConfigError
+from spade_async.memory import dedup
 from spade_async.memory import indexes as ix
 from spade_async.memory import ops
 from spade_async.memory.records import SCHEMA_VERSION, EnvRecord, decode, newer_schema
@@ -69,6 +70,7 @@ class MemoryStore:
         self.path = Path(path)
         self.config = config or MemoryConfig()
         self.readonly = readonly
+        dedup.band_ranges(self.config.near_dup_threshold, self.config.num_perm)  # fail fast
         if readonly and not (self.path / "data.mdb").is_file():
             raise ConfigError(
                 f"no environment memory at '{self.path}'; pass the run directory "
