@@ -46,9 +46,15 @@ def hardware() -> dict:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__,
-            "backend": "nccl" if gpu else "gloo", "threads_per_rank": 1,
-            "note": "shared machine; compare the packed/padded ratio, not absolute numbers"}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "backend": "nccl" if gpu else "gloo",
+        "threads_per_rank": 1,
+        "note": "shared machine; compare the packed/padded ratio, not absolute numbers",
+    }
 
 
 def long_tail_batch(n: int, vocab: int, seed: int) -> Batch:
@@ -59,8 +65,14 @@ def long_tail_batch(n: int, vocab: int, seed: int) -> Batch:
         prompt = max(8, length // 4)
         ids = [rng.randrange(vocab) for _ in range(length)]
         mask = [0] * prompt + [1] * (length - prompt)
-        samples.append(Sample(token_ids=ids, loss_mask=mask, advantage=rng.gauss(0, 1),
-                              rollout_logprobs=[-10.8 * m for m in mask]))
+        samples.append(
+            Sample(
+                token_ids=ids,
+                loss_mask=mask,
+                advantage=rng.gauss(0, 1),
+                rollout_logprobs=[-10.8 * m for m in mask],
+            )
+        )
     return Batch(samples=samples)
 
 
@@ -70,15 +82,21 @@ def _timed(client, batch: Batch, steps: int, packed: bool) -> dict:
     metrics = [client.train_step(batch, packing=packed) for _ in range(steps)]
     wall = time.perf_counter() - t0
     tokens = sum(m["tokens"] for m in metrics)
-    return {"tokens_per_s": round(tokens / wall, 1), "seconds_per_step": round(wall / steps, 3),
-            "micro_batches_per_rank": metrics[-1]["micro_batches"], "tokens_per_step": tokens / steps}
+    return {
+        "tokens_per_s": round(tokens / wall, 1),
+        "seconds_per_step": round(wall / steps, 3),
+        "micro_batches_per_rank": metrics[-1]["micro_batches"],
+        "tokens_per_step": tokens / steps,
+    }
 
 
 def run(model: Path, ranks: int, batch: Batch, steps: int, budget: int) -> tuple[dict, dict]:
     """One torchrun launch per world size; layouts alternate so load noise hits both."""
     cfg = TrainerConfig(model=str(model), lr=1e-5, micro_batch_tokens=budget, start_timeout_s=300)
-    with tempfile.TemporaryDirectory() as run_dir, \
-            TrainerProcess(cfg, model, run_dir, nproc=ranks, threads=1) as client:
+    with (
+        tempfile.TemporaryDirectory() as run_dir,
+        TrainerProcess(cfg, model, run_dir, nproc=ranks, threads=1) as client,
+    ):
         packed = _timed(client, batch, steps, True)
         padded = _timed(client, batch, steps, False)
     return packed, padded
@@ -91,8 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="", help="HF model dir (default: a tiny random Llama)")
     ap.add_argument("--ranks", default="1,2", help="world sizes to run, comma separated")
     args = ap.parse_args(argv)
-    model = Path(args.model) if args.model else tiny_model_dir(
-        Path(tempfile.gettempdir()) / "spade-bench-trainer-tiny", hidden_size=64, num_layers=2)
+    model = (
+        Path(args.model)
+        if args.model
+        else tiny_model_dir(
+            Path(tempfile.gettempdir()) / "spade-bench-trainer-tiny", hidden_size=64, num_layers=2
+        )
+    )
     n, steps, budget = (12, 1, 1536) if args.quick else (96, 3, 4096)
     batch = long_tail_batch(n, 49152, seed=0)
     lengths = sorted(len(s.token_ids) for s in batch.samples)
@@ -102,16 +125,24 @@ def main(argv: list[str] | None = None) -> int:
         lens = [len(x.token_ids) for x in batch.samples]
         for layout, r in (("packed", packed), ("padded", padded)):
             plan = plan_microbatches(lens, ranks, budget, packed=layout == "packed")
-            computed = sum(sum(lens[i] for i in mb) if layout == "packed" else
-                           len(mb) * max((lens[i] for i in mb), default=0)
-                           for rank in plan for mb in rank)
+            computed = sum(
+                sum(lens[i] for i in mb)
+                if layout == "packed"
+                else len(mb) * max((lens[i] for i in mb), default=0)
+                for rank in plan
+                for mb in rank
+            )
             r["padding_fraction"] = round(1 - sum(lens) / computed, 3)
         results[f"ranks_{ranks}"] = {"packed": packed, "padded": padded}
         ratios[ranks] = packed["tokens_per_s"] / padded["tokens_per_s"]
         print(f"ranks={ranks} packed={packed} padded={padded}", file=sys.stderr)
     if torch.cuda.is_available():
-        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
-                     .from_pretrained(model).parameters())
+        params = sum(
+            p.numel()
+            for p in __import__("transformers")
+            .AutoModelForCausalLM.from_pretrained(model)
+            .parameters()
+        )
         name = torch.cuda.get_device_name(0)
         peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
         for key, r in results.items():
@@ -120,14 +151,29 @@ def main(argv: list[str] | None = None) -> int:
             r["packed"]["mfu"] = round(flops / (peak * ranks), 4) if peak else None
     worst = min(ratios.values())
     out = {
-        "bench": "trainer", "hardware": hardware(), "model": str(model), "quick": args.quick,
-        "samples": n, "micro_batch_tokens": budget, "timed_steps": steps,
-        "lengths": {"min": lengths[0], "median": lengths[len(lengths) // 2],
-                    "p90": lengths[int(0.9 * len(lengths))], "max": lengths[-1],
-                    "total": sum(lengths)},
+        "bench": "trainer",
+        "hardware": hardware(),
+        "model": str(model),
+        "quick": args.quick,
+        "samples": n,
+        "micro_batch_tokens": budget,
+        "timed_steps": steps,
+        "lengths": {
+            "min": lengths[0],
+            "median": lengths[len(lengths) // 2],
+            "p90": lengths[int(0.9 * len(lengths))],
+            "max": lengths[-1],
+            "total": sum(lengths),
+        },
         "results": results,
-        "targets": {f"packed_vs_padded_tokens_per_s_ranks_{k}": {
-            "target": ">= 1.5x", "measured": round(v, 2), "met": v >= 1.5} for k, v in ratios.items()},
+        "targets": {
+            f"packed_vs_padded_tokens_per_s_ranks_{k}": {
+                "target": ">= 1.5x",
+                "measured": round(v, 2),
+                "met": v >= 1.5,
+            }
+            for k, v in ratios.items()
+        },
         "all_targets_met": worst >= 1.5,
     }
     if args.save:

@@ -35,9 +35,16 @@ __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "export_hf",
 
 PREFIX = "causal_lm."
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-    "generation_config.json", "added_tokens.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "added_tokens.json",
 )
 
 
@@ -73,17 +80,21 @@ def save_checkpoint(trainer, directory: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     with _single_process_ok():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path),
-                 no_dist=not _dist())
+        dcp.save(
+            {"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), no_dist=not _dist()
+        )
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, path / f"rng-rank{trainer.rank}.pt")
     if trainer.rank == 0:
         meta = {
-            "step": trainer.step, "version": trainer.version,
-            "skipped_steps": trainer.skipped_steps, "world_size": trainer.world,
-            "scheduler": trainer.scheduler.state_dict(), "shapes": _shapes(trainer.model),
+            "step": trainer.step,
+            "version": trainer.version,
+            "skipped_steps": trainer.skipped_steps,
+            "world_size": trainer.world,
+            "scheduler": trainer.scheduler.state_dict(),
+            "shapes": _shapes(trainer.model),
         }
         tmp = path / "trainer.json.tmp"
         tmp.write_text(json.dumps(meta))
@@ -125,8 +136,12 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
     state = {"model": model_sd, "optim": optim_sd}
     with _single_process_ok():
         dcp.load(state, checkpoint_id=str(path), no_dist=not _dist())
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    set_state_dict(
+        trainer.model,
+        trainer.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+    )
     trainer.scheduler.load_state_dict(meta["scheduler"])
     trainer.step, trainer.version = meta["step"], meta["version"]
     trainer.skipped_steps = meta["skipped_steps"]
@@ -162,8 +177,11 @@ def export_hf(trainer, directory: str | Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
         try:
-            save_file({k: v.clone() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                      metadata={"format": "pt", "spade_version": str(trainer.version)})
+            save_file(
+                {k: v.clone() for k, v in weights.items()},
+                str(tmp / "model.safetensors"),
+                metadata={"format": "pt", "spade_version": str(trainer.version)},
+            )
             trainer.model.causal_lm.config.save_pretrained(tmp)
             for name in TOKENIZER_FILES:
                 src = trainer.model_dir / name

@@ -34,8 +34,14 @@ _ERRORS: dict[str, type[SpadeError]] = {"BatchError": BatchError}
 
 
 class TrainerClient:
-    def __init__(self, socket_path: str, *, alive: Callable[[], str | None] | None = None,
-                 connect_timeout: float = 10.0, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        alive: Callable[[], str | None] | None = None,
+        connect_timeout: float = 10.0,
+        poll_s: float = 0.5,
+    ) -> None:
         self.socket_path = socket_path
         self._alive = alive or (lambda: None)
         self._grace_s = 10.0 if alive is not None else 0.0
@@ -138,8 +144,9 @@ class AsyncTrainerClient:
 
         import anyio
 
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kw),
-                                              abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(
+            functools.partial(fn, *args, **kw), abandon_on_cancel=True
+        )
 
     async def train_step(self, batch: Batch) -> dict[str, float]:
         return await self._run(self.sync.train_step, batch)

@@ -37,7 +37,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         Literal["detached", "rollout"],
         "PPO 'old' policy: the trainer's own log-probs before the step (detached) or the engine's",
     ) = "detached"
-    tis_cap: Doc(float, "cap of the truncated importance weight exp(old - rollout); 0 disables") = 2.0
+    tis_cap: Doc(float, "cap of the truncated importance weight exp(old - rollout); 0 disables") = (
+        2.0
+    )
     kl_coef: Doc(float, "k3 KL penalty to the rollout (reference) log-probs; 0 disables") = 0.0
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
     activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False

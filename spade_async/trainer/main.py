@@ -38,13 +38,15 @@ def _setup() -> tuple[torch.device, object]:
 def make_executor(trainer: Trainer):
     def execute(req: rpc.Request) -> rpc.Reply:
         if isinstance(req, rpc.TrainStep):
-            return rpc.StepDone(metrics=trainer.train_step(req.batch, validated=True,
-                                                              packing=req.packing))
+            return rpc.StepDone(
+                metrics=trainer.train_step(req.batch, validated=True, packing=req.packing)
+            )
         if isinstance(req, rpc.PushWeights):
             t0 = time.perf_counter()
             versions = push_weights(trainer, req)
-            return rpc.WeightsPushed(version=trainer.version, engines=versions,
-                                     seconds=time.perf_counter() - t0)
+            return rpc.WeightsPushed(
+                version=trainer.version, engines=versions, seconds=time.perf_counter() - t0
+            )
         if isinstance(req, rpc.Save):
             save_checkpoint(trainer, req.directory)
             if req.hf_directory:
@@ -62,8 +64,13 @@ def make_executor(trainer: Trainer):
                 dist.all_gather_object(pids, os.getpid(), group=trainer.control_group)
             else:
                 pids = [os.getpid()]
-            return rpc.Pong(world_size=trainer.world, pids=pids, version=trainer.version,
-                            step=trainer.step, device=str(trainer.device))
+            return rpc.Pong(
+                world_size=trainer.world,
+                pids=pids,
+                version=trainer.version,
+                step=trainer.step,
+                device=str(trainer.device),
+            )
         if isinstance(req, rpc.Shutdown):
             return rpc.Done()
         raise TypeError(f"unknown request {type(req).__name__}")

@@ -46,7 +46,10 @@ class PolicyModel(nn.Module):
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
         out = linear_logprob(
-            hidden_TD, weight_VD, target_T, temperature=self.temperature,
+            hidden_TD,
+            weight_VD,
+            target_T,
+            temperature=self.temperature,
             return_entropy=return_entropy,
         )
         # FSDP's pre-backward hook must not sit on a view: return fresh [T] tensors.
@@ -81,7 +84,9 @@ def load_policy(
         str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
     )
     if cfg.activation_checkpointing:
-        causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        causal_lm.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     causal_lm.train()
     policy = PolicyModel(causal_lm, cfg.temperature)
     if not shard:

@@ -77,7 +77,7 @@ def _padded_bins(indices: list[int], lengths: list[int], budget: int) -> list[li
     if not indices:
         return []
     k = max(1, budget // max(lengths[i] for i in indices))
-    return [indices[j:j + k] for j in range(0, len(indices), k)]
+    return [indices[j : j + k] for j in range(0, len(indices), k)]
 
 
 def plan_microbatches(
@@ -113,13 +113,16 @@ def plan_microbatches(
     return plan
 
 
-def build_microbatch(samples: list[Sample], indices: list[int], *, packed: bool = True) -> MicroBatch:
+def build_microbatch(
+    samples: list[Sample], indices: list[int], *, packed: bool = True
+) -> MicroBatch:
     """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, mask 0)."""
     if not indices:
         z = torch.zeros(1, 2, dtype=torch.long)
         f = torch.zeros(2)
-        return MicroBatch(z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f,
-                          torch.full((2,), -1), z[0], 0)
+        return MicroBatch(
+            z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f, torch.full((2,), -1), z[0], 0
+        )
     seqs = [samples[i] for i in indices]
     rows = [len(s.token_ids) for s in seqs]
     width = sum(rows) if packed else max(rows)
@@ -141,15 +144,23 @@ def build_microbatch(samples: list[Sample], indices: list[int], *, packed: bool 
         ids[r, a:b] = torch.tensor(s.token_ids)
         pos[r, a:b] = torch.arange(n)
         m = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-        tgt[r, a:b - 1] = ids[r, a + 1:b]
-        msk[r, a:b - 1] = m
+        tgt[r, a : b - 1] = ids[r, a + 1 : b]
+        msk[r, a : b - 1] = m
         adv[r, a:b] = s.advantage
-        rlp[r, a:b - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) * m
+        rlp[r, a : b - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) * m
         seq[r, a:b] = i
         loc[r, a:b] = k
         if att is not None:
             att[r, a:b] = 1
         offset = b if packed else 0
-    flat = {"target_T": tgt, "mask_T": msk, "advantage_T": adv, "rollout_logprob_T": rlp,
-            "seq_T": seq, "local_seq_T": loc}
-    return MicroBatch(ids, pos, att, n_tokens=sum(rows), **{k: v.reshape(-1) for k, v in flat.items()})
+    flat = {
+        "target_T": tgt,
+        "mask_T": msk,
+        "advantage_T": adv,
+        "rollout_logprob_T": rlp,
+        "seq_T": seq,
+        "local_seq_T": loc,
+    }
+    return MicroBatch(
+        ids, pos, att, n_tokens=sum(rows), **{k: v.reshape(-1) for k, v in flat.items()}
+    )

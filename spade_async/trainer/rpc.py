@@ -22,9 +22,25 @@ from spade_async.errors import SpadeError
 from spade_async.trainer.batch import Batch, BatchError, validate_batch
 
 __all__ = [
-    "Ping", "TrainStep", "PushWeights", "Save", "Load", "ExportHF", "Shutdown", "Request",
-    "Pong", "StepDone", "WeightsPushed", "Saved", "Loaded", "Done", "Failed", "Reply",
-    "send_frame", "recv_frame", "serve",
+    "Ping",
+    "TrainStep",
+    "PushWeights",
+    "Save",
+    "Load",
+    "ExportHF",
+    "Shutdown",
+    "Request",
+    "Pong",
+    "StepDone",
+    "WeightsPushed",
+    "Saved",
+    "Loaded",
+    "Done",
+    "Failed",
+    "Reply",
+    "send_frame",
+    "recv_frame",
+    "serve",
 ]
 
 

@@ -44,7 +44,9 @@ def lr_lambda(cfg: TrainerConfig):
 class Trainer:
     """Model + optimizer + schedule on one rank; every rank runs the same calls in lockstep."""
 
-    def __init__(self, cfg: TrainerConfig, model_dir: str | Path, device: torch.device | None = None):
+    def __init__(
+        self, cfg: TrainerConfig, model_dir: str | Path, device: torch.device | None = None
+    ):
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -55,7 +57,10 @@ class Trainer:
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
         self.vocab_size = int(self.model.causal_lm.config.vocab_size)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
             weight_decay=cfg.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
@@ -67,19 +72,31 @@ class Trainer:
     def _loss(self, mb, denominator: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         want_entropy = cfg.entropy_coef > 0
-        out = self.model(mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask,
-                         return_entropy=want_entropy)
+        out = self.model(
+            mb.input_ids,
+            mb.position_ids,
+            mb.target_T,
+            mb.attention_mask,
+            return_entropy=want_entropy,
+        )
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
         # The denominator is the whole batch's (global) count, divided by R because FSDP
         # averages gradients over ranks and the batch loss is their sum.
         loss, metrics = policy_loss(
-            logprob_T, old_T, mb.advantage_T, mb.mask_T,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
+            logprob_T,
+            old_T,
+            mb.advantage_T,
+            mb.mask_T,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            agg=cfg.loss_agg,
             rollout_logprob_T=mb.rollout_logprob_T if cfg.tis_cap > 0 else None,
             tis_cap=cfg.tis_cap if cfg.tis_cap > 0 else 1.0,
-            ref_logprob_T=mb.rollout_logprob_T if cfg.kl_coef > 0 else None, kl_coef=cfg.kl_coef,
-            entropy_T=entropy_T, entropy_coef=cfg.entropy_coef,
+            ref_logprob_T=mb.rollout_logprob_T if cfg.kl_coef > 0 else None,
+            kl_coef=cfg.kl_coef,
+            entropy_T=entropy_T,
+            entropy_coef=cfg.entropy_coef,
             seq_ids_T=None if cfg.loss_agg == "token" else mb.local_seq_T,
             loss_scale_denominator=denominator / self.world,
         )
@@ -89,7 +106,9 @@ class Trainer:
         metrics.pop("sequences", None)
         return loss, metrics
 
-    def accumulate(self, batch: Batch, packing: bool | None = None) -> tuple[torch.Tensor, list[str], int]:
+    def accumulate(
+        self, batch: Batch, packing: bool | None = None
+    ) -> tuple[torch.Tensor, list[str], int]:
         """Forward + backward over this rank's micro-batches; gradients stay in ``.grad``.
 
         Returns a device vector [loss, *token-weighted metric sums, loss tokens, tokens]
@@ -98,8 +117,12 @@ class Trainer:
         samples = batch.samples
         packed = self.cfg.packing if packing is None else packing
         denominator = loss_denominator(samples, self.cfg.loss_agg)
-        plan = plan_microbatches([len(s.token_ids) for s in samples], self.world,
-                                 self.cfg.micro_batch_tokens, packed=packed)
+        plan = plan_microbatches(
+            [len(s.token_ids) for s in samples],
+            self.world,
+            self.cfg.micro_batch_tokens,
+            packed=packed,
+        )
         acc: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
         loss_tokens = torch.zeros((), device=self.device)
@@ -115,12 +138,19 @@ class Trainer:
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0) + v * tok
         keys = sorted(acc)
-        vec = torch.stack([loss_sum / self.world, *[acc[k] for k in keys], loss_tokens,
-                           torch.tensor(float(n_tokens), device=self.device)])
+        vec = torch.stack(
+            [
+                loss_sum / self.world,
+                *[acc[k] for k in keys],
+                loss_tokens,
+                torch.tensor(float(n_tokens), device=self.device),
+            ]
+        )
         return vec, keys, len(plan[self.rank])
 
-    def train_step(self, batch: Batch, *, validated: bool = False,
-                   packing: bool | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: Batch, *, validated: bool = False, packing: bool | None = None
+    ) -> dict[str, float]:
         """Validate (unless the caller did), run every micro-batch of this rank, then step.
 
         ``packing`` overrides ``cfg.packing`` for this step (benchmarks compare layouts).
@@ -147,10 +177,16 @@ class Trainer:
         metrics = {"loss": values[0], "grad_norm": float(grad_norm)}
         metrics.update({k: values[1 + i] / max(loss_tokens, 1.0) for i, k in enumerate(keys)})
         metrics.update(
-            loss_tokens=loss_tokens, tokens=tokens, samples=float(len(batch.samples)),
-            seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
-            lr=self.scheduler.get_last_lr()[0], step=float(self.step), version=float(self.version),
-            skipped=float(not finite), skipped_steps=float(self.skipped_steps),
+            loss_tokens=loss_tokens,
+            tokens=tokens,
+            samples=float(len(batch.samples)),
+            seconds=seconds,
+            tokens_per_s=tokens / max(seconds, 1e-9),
+            lr=self.scheduler.get_last_lr()[0],
+            step=float(self.step),
+            version=float(self.version),
+            skipped=float(not finite),
+            skipped_steps=float(self.skipped_steps),
             micro_batches=float(n_micro),
         )
         return metrics

@@ -35,8 +35,14 @@ import torch
 from spade_async.errors import SpadeError
 from spade_async.trainer.checkpoint import PREFIX, export_hf
 
-__all__ = ["WeightPushError", "push_weights", "push_disk", "push_distributed", "push_tensor",
-           "buckets"]
+__all__ = [
+    "WeightPushError",
+    "push_weights",
+    "push_disk",
+    "push_distributed",
+    "push_tensor",
+    "buckets",
+]
 
 GROUP = "spade_weight_update"
 
@@ -68,8 +74,14 @@ def _shm_root(shm_dir: str) -> Path:
     return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
-def push_disk(trainer, engines: list[str], *, shm_dir: str = "", timeout: float = 300.0,
-              transport: httpx.BaseTransport | None = None) -> dict[str, str]:
+def push_disk(
+    trainer,
+    engines: list[str],
+    *,
+    shm_dir: str = "",
+    timeout: float = 300.0,
+    transport: httpx.BaseTransport | None = None,
+) -> dict[str, str]:
     root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"v{trainer.version}"
     export_hf(trainer, target)
@@ -115,10 +127,18 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def push_distributed(trainer, engines: list[dict], *, master_address: str, master_port: int,
-                     bucket_bytes: int, transport: httpx.BaseTransport | None = None,
-                     init_group: Callable | None = None, broadcast: Callable | None = None,
-                     timeout: float = 300.0) -> dict[str, str]:
+def push_distributed(
+    trainer,
+    engines: list[dict],
+    *,
+    master_address: str,
+    master_port: int,
+    bucket_bytes: int,
+    transport: httpx.BaseTransport | None = None,
+    init_group: Callable | None = None,
+    broadcast: Callable | None = None,
+    timeout: float = 300.0,
+) -> dict[str, str]:
     """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU."""
     version = str(trainer.version)
     named = _named_full_tensors(trainer)
@@ -133,11 +153,17 @@ def push_distributed(trainer, engines: list[dict], *, master_address: str, maste
         if group is None:
             offset, futures = 1, []
             for e in engines:
-                body = {"master_address": master_address, "master_port": master_port,
-                        "rank_offset": offset, "world_size": world, "group_name": GROUP,
-                        "backend": "nccl"}
-                futures.append(pool.submit(client.post, f"{e['url']}/init_weights_update_group",
-                                           json=body))
+                body = {
+                    "master_address": master_address,
+                    "master_port": master_port,
+                    "rank_offset": offset,
+                    "world_size": world,
+                    "group_name": GROUP,
+                    "backend": "nccl",
+                }
+                futures.append(
+                    pool.submit(client.post, f"{e['url']}/init_weights_update_group", json=body)
+                )
                 offset += e["tp_size"]
             group = (init_group or _sglang_group)(master_address, master_port, world)
             for e, f in zip(engines, futures, strict=True):
@@ -146,11 +172,18 @@ def push_distributed(trainer, engines: list[dict], *, master_address: str, maste
         bcast = broadcast or (lambda t, g: torch.distributed.broadcast(t, src=0, group=g))
         chunks = list(buckets(named, bucket_bytes))
         for i, chunk in enumerate(chunks):
-            body = {"names": [n for n, _ in chunk], "dtypes": [_dtype_name(t) for _, t in chunk],
-                    "shapes": [list(t.shape) for _, t in chunk], "group_name": GROUP,
-                    "flush_cache": i == len(chunks) - 1, "weight_version": version}
-            futures = [pool.submit(client.post, f"{e['url']}/update_weights_from_distributed",
-                                   json=body) for e in engines]
+            body = {
+                "names": [n for n, _ in chunk],
+                "dtypes": [_dtype_name(t) for _, t in chunk],
+                "shapes": [list(t.shape) for _, t in chunk],
+                "group_name": GROUP,
+                "flush_cache": i == len(chunks) - 1,
+                "weight_version": version,
+            }
+            futures = [
+                pool.submit(client.post, f"{e['url']}/update_weights_from_distributed", json=body)
+                for e in engines
+            ]
             for _, t in chunk:
                 bcast(t, group)
             for e, f in zip(engines, futures, strict=True):
@@ -162,14 +195,23 @@ def _sglang_group(master_address: str, master_port: int, world: int):
     from sglang.srt.utils import init_custom_process_group  # GPU only
 
     return init_custom_process_group(
-        backend="nccl", init_method=f"tcp://{master_address}:{master_port}",
-        world_size=world, rank=0, group_name=GROUP,
+        backend="nccl",
+        init_method=f"tcp://{master_address}:{master_port}",
+        world_size=world,
+        rank=0,
+        group_name=GROUP,
     )
 
 
-def push_tensor(trainer, engines: list[dict], *, bucket_bytes: int,
-                transport: httpx.BaseTransport | None = None, serialize: Callable | None = None,
-                timeout: float = 300.0) -> dict[str, str]:
+def push_tensor(
+    trainer,
+    engines: list[dict],
+    *,
+    bucket_bytes: int,
+    transport: httpx.BaseTransport | None = None,
+    serialize: Callable | None = None,
+    timeout: float = 300.0,
+) -> dict[str, str]:
     """Colocated: ``engines`` [{"url", "tp_size"}] share this GPU; tensors go as IPC handles."""
     named = _named_full_tensors(trainer)
     if trainer.rank != 0:
@@ -182,9 +224,11 @@ def push_tensor(trainer, engines: list[dict], *, bucket_bytes: int,
         for i, chunk in enumerate(chunks):
             payload = ser(chunk)
             for e in engines:
-                body = {"serialized_named_tensors": [payload] * e["tp_size"],
-                        "flush_cache": i == len(chunks) - 1,
-                        "weight_version": str(trainer.version)}
+                body = {
+                    "serialized_named_tensors": [payload] * e["tp_size"],
+                    "flush_cache": i == len(chunks) - 1,
+                    "weight_version": str(trainer.version),
+                }
                 _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
         return {e["url"]: _verify(client, e["url"], trainer.version) for e in engines}
 
@@ -200,14 +244,23 @@ def push_weights(trainer, req) -> dict[str, str]:
     timeout = trainer.cfg.push_timeout_s
     if req.mode == "disk":
         return push_disk(trainer, req.engines, shm_dir=req.shm_dir, timeout=timeout)
-    engines = [{"url": u, "tp_size": 1} if "#tp=" not in u else
-               {"url": u.split("#tp=")[0], "tp_size": int(u.split("#tp=")[1])} for u in req.engines]
+    engines = [
+        {"url": u, "tp_size": 1}
+        if "#tp=" not in u
+        else {"url": u.split("#tp=")[0], "tp_size": int(u.split("#tp=")[1])}
+        for u in req.engines
+    ]
     if req.mode == "distributed":
         if not req.master_port:
             raise WeightPushError("push mode 'distributed' needs master_port (a free TCP port)")
-        return push_distributed(trainer, engines, master_address=req.master_address,
-                                master_port=req.master_port, bucket_bytes=req.bucket_bytes,
-                                timeout=timeout)
+        return push_distributed(
+            trainer,
+            engines,
+            master_address=req.master_address,
+            master_port=req.master_port,
+            bucket_bytes=req.bucket_bytes,
+            timeout=timeout,
+        )
     if req.mode == "tensor":
         return push_tensor(trainer, engines, bucket_bytes=req.bucket_bytes, timeout=timeout)
     raise WeightPushError(f"push mode '{req.mode}' is not disk, distributed or tensor")

@@ -58,7 +58,7 @@ def test_packed_logprobs_equal_unpacked(tiny_model):
         padded = build_microbatch(samples, list(range(5)), packed=False)
         padded_T = policy(padded.input_ids, padded.position_ids, padded.target_T,
                           padded.attention_mask)
-        for i, s in enumerate(samples):
+        for i in range(len(samples)):
             one = build_microbatch(samples, [i], packed=True)
             alone_T = policy(one.input_ids, one.position_ids, one.target_T)
             sel = (mb.seq_T == i) & (mb.mask_T > 0)
