@@ -98,8 +98,12 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
 def _unshare_prefix() -> list[str]:
     exe = shutil.which("unshare") or "unshare"
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    # --mount-proc: /proc shows only the sandbox's own pids (no reading host environ files)
-    return [exe, *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    # --mount-proc: /proc shows only the sandbox's pids (no reading host environ files).
+    # setpriv --pdeathsig: unshare dies with the thread that started it (as bwrap's
+    # --die-with-parent); the worker's own init then dies with unshare (worker.py).
+    setpriv = shutil.which("setpriv")
+    death = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+    return [*death, exe, *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
 
 def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:
@@ -204,9 +208,9 @@ def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | N
 
 def find_pids(marker: str) -> list[int]:
     """Pids of live (non-zombie) processes whose command line contains ``marker``."""
-    pids = []
+    pids, me = [], str(os.getpid())
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or entry.name == me:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()

@@ -114,3 +114,9 @@ def install(pid: int) -> bool:
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
     return True
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): die when the parent (thread) that started us exits."""
+    if platform.system() == "Linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL

@@ -271,6 +271,7 @@ def stay_off_pid_1() -> None:
 
 def main(argv: list[str]) -> None:
     rfd, wfd, limits = int(argv[1]), int(argv[2]), json.loads(argv[3])
+    seccomp.die_with_parent()  # our parent: the pool (rlimit), unshare, or bwrap's init
     stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
     if limits.get("workdir"):
