@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import anyio
@@ -235,3 +237,32 @@ async def test_fallback_levels(level):
         assert err.value.kind == "crash" and "SIGKILL" in err.value.message
     if level == "rlimit":
         assert sandbox._warned  # the weak level was announced (logged once per process)
+
+
+CONTROLLER = """
+import anyio
+from spade_async.envs.pool import EnvPool, PoolConfig
+SPIN = "class SpinEnv:\\n    def reset(self, seed=None):\\n        while True: pass\\n    def step(self, a): pass\\n"
+async def main():
+    async with EnvPool(PoolConfig(prewarm=1, call_timeout_s=60)) as pool:
+        inst = await pool.open(SPIN)
+        print(inst.worker.tag, pool._idle[0].tag if pool._idle else "", flush=True)
+        await pool.reset(inst, 0)
+anyio.run(main)
+"""
+
+
+def test_workers_die_with_a_killed_controller():
+    proc = subprocess.Popen([sys.executable, "-c", CONTROLLER], stdout=subprocess.PIPE, text=True)
+    try:
+        tags = proc.stdout.readline().split()
+        assert tags and all(sandbox.find_pids(t) for t in tags)
+        time.sleep(0.2)  # the worker is now spinning in reset()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    deadline = time.monotonic() + 5
+    while any(sandbox.find_pids(t) for t in tags) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [sandbox.find_pids(t) for t in tags] == [[] for _ in tags]
