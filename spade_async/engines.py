@@ -27,7 +27,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     count: Doc(int, "CPU engines to start (kind = cpu)") = 1
     threads: Doc(int, "torch threads per CPU engine; 0 = torch's default") = 0
     dtype: Doc(str, "CPU engine weights dtype") = "float32"
-    gpus: Doc(list[list[int]], "kind = sglang: GPU ids of each server (its TP group)") = msgspec.field(default_factory=lambda: [[0]])
+    gpus: Doc(list[list[int]], "kind = sglang: GPU ids, one list per server (its TP group); see placement.py") = msgspec.field(default_factory=list)
     mem_fraction_static: Doc(float, "SGLang memory fraction for weights + KV cache") = 0.8
     extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
     base_port: Doc(int, "first engine port (0 = pick free ports)") = 0

@@ -19,6 +19,8 @@ from spade_async.envs.pool import PoolConfig
 from spade_async.errors import ConfigError
 from spade_async.generation.client import ClientConfig
 from spade_async.memory.store import MemoryConfig
+from spade_async.placement import PlacementConfig
+from spade_async.placement import check as check_placement
 from spade_async.rewards import RewardConfig
 from spade_async.roles.agent import AgentConfig
 from spade_async.roles.designer import DesignerConfig
@@ -74,6 +76,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     client: Doc(ClientConfig, "generation client") = _s(ClientConfig)
     trainer: Doc(TrainerConfig, "FSDP2 trainer ranks") = _s(TrainerConfig)
     telemetry: Doc(TelemetryConfig, "metrics and dashboard") = _s(TelemetryConfig)
+    placement: Doc(PlacementConfig, "GPU placement of engines and trainer ranks") = _s(PlacementConfig)
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -100,6 +103,7 @@ def _merge(base: dict, top: dict) -> dict:
 
 def check(cfg: Config) -> None:
     """Contradictions fail at start with one line."""
+    check_placement(cfg)
     if cfg.mode == "fixed_pool" and not cfg.fixed_pool and not cfg.initial_memory:
         raise ConfigError(
             "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"

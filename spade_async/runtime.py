@@ -27,6 +27,7 @@ from spade_async.generation.client import GenerationClient
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
+from spade_async.placement import trainer_process
 from spade_async.recipe import Config
 from spade_async.rundir import RunDir, write_atomic
 from spade_async.telemetry.metrics import Meters, Telemetry
@@ -106,9 +107,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         corpus = None
         if cfg.designer_enabled and cfg.designer.use_corpus:
             corpus = stack.enter_context(open_corpus(cfg.corpus))
-        proc = TrainerProcess(
-            cfg.trainer, model_dir, run_dir.root,
-            load=str(resumed[1]) if resumed is not None else None,
+        proc = trainer_process(  # ranks, threads and CUDA_VISIBLE_DEVICES from cfg.placement
+            cfg, model_dir, run_dir.root, load=str(resumed[1]) if resumed is not None else None
         )
         stack.callback(proc.stop)  # runs after the task group below has exited
         tg = await stack.enter_async_context(anyio.create_task_group())

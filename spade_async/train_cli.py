@@ -7,7 +7,7 @@ from pathlib import Path
 
 import anyio
 
-from spade_async import recipe
+from spade_async import placement, recipe
 from spade_async.errors import ConfigError
 from spade_async.rundir import RunDir, default_run_dir
 
@@ -18,12 +18,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--run-dir", help="run directory (an existing one resumes from its latest checkpoint)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set trainer.lr=1e-6 (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the launch plan (every process, its GPUs, its command line) and exit")
     args = p.parse_args(argv)
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.config))
+    if args.dry_run:  # the plan only: nothing is started or created
+        cfg = recipe.load(run_dir.config if run_dir.exists() else args.config, args.overrides)
+        print(placement.describe(cfg, run_dir.root))
+        return 0
     if run_dir.exists():  # resume: the saved config is the base, new overrides still apply
         cfg = recipe.load(run_dir.config, args.overrides)
+        placement.check_devices(cfg)
     else:
         cfg = recipe.load(args.config, args.overrides)
+        placement.check_devices(cfg)  # before the run directory is created
         if run_dir.root.exists() and any(run_dir.root.iterdir()):
             raise ConfigError(f"run directory '{run_dir.root}' exists but holds no config.toml; pick another --run-dir")
         run_dir.create().write_config(cfg)
