@@ -20,9 +20,8 @@ import msgspec
 
 from spade_async.config import Doc
 from spade_async.errors import ConfigError
-from spade_async.memory import dedup
+from spade_async.memory import dedup, ops
 from spade_async.memory import indexes as ix
-from spade_async.memory import ops
 from spade_async.memory.records import SCHEMA_VERSION, EnvRecord, decode, newer_schema
 
 MIB = 1 << 20

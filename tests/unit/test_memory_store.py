@@ -6,12 +6,12 @@ import anyio
 import lmdb
 import msgspec
 import pytest
+from test_memory_helpers import env_source, record
 
 from spade_async.errors import ConfigError
 from spade_async.memory import records as R
 from spade_async.memory.store import MemoryConfig, MemoryStore
 from spade_async.memory.writer import MemoryWriter
-from test_memory_helpers import env_source, record
 
 
 def test_put_get_and_indexes(tmp_path):
