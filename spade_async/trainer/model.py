@@ -84,8 +84,8 @@ def load_policy(
         str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
     )
     if cfg.activation_checkpointing:
-        causal_lm.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
+        causal_lm.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
         )
     causal_lm.train()
     policy = PolicyModel(causal_lm, cfg.temperature)

@@ -55,6 +55,12 @@ def test_two_gloo_ranks_step_and_dead_rank_is_reported(tiny_model, tmp_path):
         assert pong.world_size == 2 and len(set(pong.pids)) == 2
         m = client.train_step(_batch(6))
         assert m["version"] == 1.0 and m["tokens"] == 30.0 and math.isfinite(m["grad_norm"])
+        # the same batch on one in-process rank: same loss and global gradient norm
+        from spade_async.trainer.step import Trainer
+
+        one = Trainer(_cfg(tiny_model), tiny_model).train_step(_batch(6))
+        assert math.isclose(m["loss"], one["loss"], rel_tol=1e-4, abs_tol=1e-7)
+        assert math.isclose(m["grad_norm"], one["grad_norm"], rel_tol=1e-4)
         os.kill(pong.pids[1], signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(TrainerDied, match="exited with status"):

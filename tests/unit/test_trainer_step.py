@@ -76,3 +76,19 @@ def test_nan_loss_skips_step_and_keeps_weights(tiny_model):
     assert m["skipped"] == 0.0 and m["version"] == 1.0 and math.isfinite(m["loss"])
     assert any(not torch.equal(a, b) for a, b in
                zip(trainer.model.parameters(), before, strict=True))
+
+
+def test_activation_checkpointing_gives_same_gradients(tiny_model):
+    from spade_async.trainer.step import Trainer
+
+    batch = Batch(samples=[_ok(), _ok(advantage=-0.5, token_ids=[7, 8, 9, 10])])
+    grads = []
+    for ac in (False, True):
+        cfg = TrainerConfig(model=str(tiny_model), activation_checkpointing=ac,
+                            old_logprobs="rollout")
+        trainer = Trainer(cfg, tiny_model)
+        assert trainer.model.causal_lm.is_activation_checkpointing == ac
+        trainer.accumulate(batch)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()]))
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-5)
