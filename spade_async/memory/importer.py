@@ -9,6 +9,7 @@ not UTF-8 text, or too large, are rejected before they reach a sandbox.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 from typing import Literal
@@ -17,7 +18,7 @@ import anyio
 import msgspec
 
 from spade_async.errors import ConfigError
-from spade_async.memory.records import Origin, make_record
+from spade_async.memory.records import Origin, env_id, make_record
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 
@@ -36,10 +37,24 @@ class FileOutcome(msgspec.Struct, frozen=True, kw_only=True):
 def collect(src: Path) -> list[Path]:
     if not src.exists():
         raise ConfigError(f"import source '{src}' does not exist; pass a .py file or a directory")
-    files = [src] if src.is_file() else sorted(p for p in src.rglob("*.py") if p.is_file())
+    files = (
+        [src]
+        if src.is_file()
+        else sorted(p for p in src.rglob("*.py") if p.is_file() and p.name != "__init__.py")
+    )
     if not files:
         raise ConfigError(f"import source '{src}' holds no .py files")
     return files
+
+
+@functools.cache
+def _bundled() -> dict[str, tuple[str, str]]:
+    """Bundled examples by content id -> (skill, setting), so copies keep their skill."""
+    try:
+        from spade_async.envs.examples import EXAMPLES, HERE
+    except ImportError:
+        return {}
+    return {env_id((HERE / name).read_text()): tag for name, tag in EXAMPLES.items()}
 
 
 def _skill_of(code: str, default: str | None) -> str:
@@ -59,12 +74,16 @@ def _skill_of(code: str, default: str | None) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pass
     m = re.search(r"^#\s*skill:\s*([\w-]+)", code, re.MULTILINE)
-    return m.group(1) if m else "unspecified"
+    if m:
+        return m.group(1)
+    return _bundled().get(env_id(code), ("unspecified", ""))[0]
 
 
 def _setting_of(code: str, default: str | None) -> str:
     if default:
         return default
+    if env_id(code) in _bundled():
+        return _bundled()[env_id(code)][1]
     return "tool_use" if re.search(r"class\s+\w*Env\s*\([^)]*ToolUse", code) else "games"
 
 
