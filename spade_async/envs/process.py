@@ -40,13 +40,14 @@ _serial = itertools.count(1)
 _DECODER = msgspec.msgpack.Decoder(P.Reply)
 
 
-def _exit_reason(rc: int | None) -> tuple[str, str]:
+def _exit_reason(rc: int) -> tuple[str, str]:
     """(kind, text) for a dead worker's exit status (bwrap reports a signal as 128+N)."""
-    if rc is None:
-        return "crash", "worker died"
     sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
     if sig:
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
         kind = "timeout" if sig == signal.SIGXCPU else "crash"
         return kind, f"worker died with signal {name}"
     return "crash", f"worker exited with status {rc}"
@@ -149,12 +150,14 @@ class WorkerProcess:
                 failure = EnvError("crash", str(exc))
             except msgspec.DecodeError as exc:
                 failure = EnvError("crash", f"corrupt reply frame: {exc}")
+            except anyio.ClosedResourceError:
+                failure = EnvError("lost", f"worker was killed ({self.dead})")
             except BaseException:
                 await self.kill("caller cancelled mid-request")
                 raise
             if failure is not None:
                 rc = await self.kill(failure.message, grace=0.5 if failure.kind == "crash" else 0)
-                if failure.kind == "crash":  # the exit status says more than EOF
+                if failure.kind == "crash" and rc is not None:  # it died by itself: say how
                     kind, text = _exit_reason(rc)
                     failure = EnvError(kind, text)
                 self.dead = failure.message
@@ -164,10 +167,10 @@ class WorkerProcess:
         return reply
 
     async def kill(self, why: str, grace: float = 0.0) -> int | None:
-        """SIGKILL the worker's process group, reap it, close fds. Returns the exit status.
+        """SIGKILL the worker's process group, reap it, close fds.
 
-        ``grace``: seconds to wait for a worker that is already dying to exit on its own,
-        so its real exit status (signal, exit code) is reported rather than our SIGKILL.
+        Returns the exit status when the worker had exited on its own (within ``grace``
+        seconds, for one that is already dying), None when our SIGKILL ended it.
         """
         with anyio.CancelScope(shield=True):  # cleanup must finish even when cancelled
             return await self._kill(why, grace)
@@ -181,15 +184,15 @@ class WorkerProcess:
             with anyio.move_on_after(grace):
                 while proc.poll() is None:
                     await anyio.sleep(0.002)
-            natural = proc.returncode
+            rc = proc.returncode  # None: still running, so the status will be our SIGKILL
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            rc = await anyio.to_thread.run_sync(proc.wait)
-            rc = natural if natural is not None else rc
+            await anyio.to_thread.run_sync(proc.wait)
         for fd in (self.wfd, self.rfd):
             if fd >= 0:
+                anyio.notify_closing(fd)  # a task waiting on it gets ClosedResourceError
                 os.close(fd)
         self.wfd = self.rfd = -1
         if self.workdir:

@@ -266,3 +266,25 @@ def test_workers_die_with_a_killed_controller():
     while any(sandbox.find_pids(t) for t in tags) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert [sandbox.find_pids(t) for t in tags] == [[] for _ in tags]
+
+
+async def test_forged_frame_on_the_reply_pipe_kills_only_that_worker(pool):
+    forger = variant(
+        "X",
+        """
+import os, sys
+def _step(self, action):
+    os.write(int(sys.argv[2]), b"\\x05\\x00\\x00\\x00\\xc1\\xc1\\xc1\\xc1\\xc1")
+    return "o", 0.0, False, False, {}
+CounterEnv.step = _step
+""",
+    )
+    bad, good = await pool.open(forger), await pool.open(variant("Y"))
+    await pool.reset(bad, 0)
+    with pytest.raises(EnvError) as err:
+        await pool.step(bad, "x")
+    assert err.value.kind == "crash" and "corrupt reply frame" in err.value.message
+    await wait_gone(bad.worker.tag)
+    await pool.reset(good, 0)
+    assert (await pool.step(good, "x"))[0] == "n=1"
+    await pool.close(good)
