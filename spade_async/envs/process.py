@@ -131,6 +131,10 @@ class WorkerProcess:
 
     async def request(self, msg: object, timeout: float) -> object:
         """One round trip. Worker-side failures -> EnvError; the worker survives those."""
+        try:
+            data = P.frame(_ENCODER.encode(msg))
+        except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in an action
+            raise ValueError(f"cannot send {type(msg).__name__} to a worker: {exc}") from None
         async with self.lock:
             if self.dead:
                 raise EnvError("lost", f"worker is dead ({self.dead})")
@@ -138,7 +142,7 @@ class WorkerProcess:
             failure: EnvError | None = None
             try:
                 with anyio.fail_after(timeout):
-                    await self._write(P.frame(_ENCODER.encode(msg)))
+                    await self._write(data)
                     reply = await self._read_reply()
             except TimeoutError:
                 failure = EnvError(

@@ -211,6 +211,12 @@ async def validate_source(
         if not source.strip():
             raise _Reject("syntax", "the source is empty")
         try:
+            source.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Reject(
+                "syntax", f"the source is not valid Unicode ({exc.reason} at {exc.start})"
+            ) from None
+        try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError) as exc:
             where = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""

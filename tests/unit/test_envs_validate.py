@@ -163,3 +163,8 @@ async def test_pool_survives_all_rejections(pool):
     assert v.valid
     stats = pool.stats()
     assert stats["env_workers"] == 0  # each check releases its worker
+
+
+async def test_invalid_unicode_source_is_a_verdict(pool):
+    v = await validate_source(GOOD + "\n# \udcff\n", pool=pool)
+    assert (v.valid, v.stage) == (False, "syntax") and "Unicode" in v.reason
