@@ -14,6 +14,7 @@ Every path touches O(k) or O(buffer) entries, never the whole memory.
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 import msgspec
@@ -136,6 +137,30 @@ def _max_min(store: MemoryStore, txn, pool: list[bytes], n: int) -> list[bytes]:
     return [pool[i] for i in chosen]
 
 
+class _ReplayBuffer(msgspec.Struct):
+    """The top of the ``replay`` index as arrays, valid for one LMDB transaction id."""
+
+    txnid: int
+    ids: np.ndarray  # uint8[B, 64]: hex ids, regret-descending
+    last: np.ndarray  # int64[B]: last policy version that played each one
+
+
+def _replay_buffer(store: MemoryStore) -> _ReplayBuffer:
+    txnid = store.env.info()["last_txnid"]
+    cached = store.cache.get("replay")
+    if cached is not None and cached.txnid == txnid:
+        return cached  # nothing was committed since: reuse the arrays
+    with store.read() as txn:
+        items = list(
+            itertools.islice(txn.cursor(store.db["replay"]).iternext(), store.config.replay_buffer)
+        )
+    keys = np.frombuffer(b"".join(k for k, _ in items), dtype=np.uint8).reshape(len(items), -1)
+    last = np.frombuffer(b"".join(v for _, v in items), dtype=">i8").astype(np.int64)
+    buf = _ReplayBuffer(txnid=txnid, ids=keys[:, 8:], last=last)
+    store.cache["replay"] = buf
+    return buf
+
+
 def replay_sample(
     store: MemoryStore, n: int, *, version: int, rng: np.random.Generator | None = None
 ) -> list[str]:
@@ -143,28 +168,22 @@ def replay_sample(
 
     Score = rank of regret within the level buffer, ``h = (1 / rank) ** (1 / beta)``;
     staleness ``version - last_version``. Mark the chosen ones with ``ReplayOp`` so their
-    staleness resets.
+    staleness resets. The buffer's arrays are cached until the next commit.
     """
     cfg = store.config
     rng = rng or np.random.default_rng()
-    with store.read() as txn:
-        cur = txn.cursor(store.db["replay"])
-        ids, last = [], []
-        for key, value in cur:
-            ids.append(key[8:])
-            last.append(ix.unpack_version(value))
-            if len(ids) >= cfg.replay_buffer:
-                break
-    if not ids:
+    buf = _replay_buffer(store)
+    size = len(buf.last)
+    if size == 0:
         return []
-    rank = np.arange(1, len(ids) + 1, dtype=np.float64)  # index order is regret-descending
+    rank = np.arange(1, size + 1, dtype=np.float64)  # index order is regret-descending
     score = (1.0 / rank) ** (1.0 / cfg.replay_temperature)
     p_score = score / score.sum()
-    stale = np.maximum(version - np.asarray(last, dtype=np.float64), 0.0)
-    p_stale = stale / stale.sum() if stale.sum() > 0 else np.full(len(ids), 1.0 / len(ids))
+    stale = np.maximum(version - buf.last, 0).astype(np.float64)
+    total = stale.sum()
+    p_stale = stale / total if total > 0 else np.full(size, 1.0 / size)
     p = (1.0 - cfg.replay_staleness) * p_score + cfg.replay_staleness * p_stale
-    p = np.maximum(p, 0.0)
     p /= p.sum()
     m = min(n, int(np.count_nonzero(p)))
-    picks = rng.choice(len(ids), size=m, replace=False, p=p)
-    return [ids[i].decode() for i in picks]
+    picks = rng.choice(size, size=m, replace=False, p=p)
+    return [buf.ids[i].tobytes().decode() for i in picks]

@@ -69,6 +69,7 @@ class MemoryStore:
         self.path = Path(path)
         self.config = config or MemoryConfig()
         self.readonly = readonly
+        self.cache: dict[str, object] = {}  # readers' caches, each checked against last_txnid
         dedup.band_ranges(self.config.near_dup_threshold, self.config.num_perm)  # fail fast
         if readonly and not (self.path / "data.mdb").is_file():
             raise ConfigError(

@@ -1,0 +1,396 @@
+"""Environment memory and corpus sampling throughput.
+
+    python bench/memory.py [--quick] [--save]
+
+Memory (``memory.lmdb``): record writes/s batched (one durable transaction per 512 puts,
+the MemoryWriter's batching) and one per transaction; the per-record prepare cost (id by
+normalised-code sha256 + MinHash signature, done off the writer); stats updates/s; point
+reads/s; designer-context sampling latency (spade rule, recent, diverse) and PLR replay
+latency at 1k, 10k and 100k records. Reference: a JSON-file FIFO updated the way the
+reference SPADE does it (the whole list rewritten on every update; context chosen by
+scanning the list) at the same sizes.
+
+Corpus: a generated JSONL file (1 GB; 100 MB with --quick) indexed once, then documents
+sampled uniformly, in a child process whose peak RSS is reported.
+The last line printed is one JSON object; ``--save`` writes bench/results/memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spade_async.memory import sampling
+from spade_async.memory.ops import PutOp, StatsOp, prepare_signature
+from spade_async.memory.records import EnvRecord, Origin, Stats, make_record
+from spade_async.memory.store import MemoryConfig, MemoryStore
+
+SKILLS = [
+    "Mathematical_Reasoning",
+    "Logical_Deduction",
+    "Spatial_Reasoning",
+    "Pattern_Recognition",
+    "Optimization",
+    "Causal_Inference",
+]
+WORDS = (
+    "state turn reward action hidden guess clue grid cell score target value board move "
+    "seed rng parse limit check done step reset hint level"
+).split()
+
+
+def hardware() -> dict:
+    model = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cpu": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "storage": "memory.lmdb in " + tempfile.gettempdir(),
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def synth_source(i: int, lines: int = 70) -> str:
+    """A ~3 KB environment-shaped file, different enough per ``i`` not to be a near-dup."""
+    rng = random.Random(i)
+    body = [
+        f"        self.{rng.choice(WORDS)}_{j} = {rng.randint(0, 10**9)}  # {rng.choice(WORDS)}"
+        for j in range(lines)
+    ]
+    return (
+        f"import random\n\nclass Synth{i}Env:\n    def reset(self, seed=None):\n"
+        + "\n".join(body)
+        + f"\n        return 'synth {i}', {{}}\n\n"
+        "    def step(self, action):\n        return 'ok', 0.0, False, False, {}\n"
+    )
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def lat(ms: list[float]) -> dict:
+    ms = sorted(ms)
+    return {
+        "median_ms": round(statistics.median(ms), 4),
+        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 4),
+    }
+
+
+def write_rates(root: Path, n: int) -> dict:
+    t = time.perf_counter()
+    recs = [
+        make_record(
+            synth_source(i),
+            origin=Origin(kind="designer", policy_version=0),
+            valid=True,
+            stage="ok",
+            skill=SKILLS[i % 6],
+        )
+        for i in range(n)
+    ]
+    cfg = MemoryConfig()
+    sigs = [prepare_signature(r, cfg.num_perm, cfg.shingle_tokens) for r in recs]
+    prepare = n / (time.perf_counter() - t)
+    with MemoryStore(root / "writes") as store:
+        t = time.perf_counter()
+        for k in range(0, n, cfg.max_batch):
+            store.apply(
+                [
+                    PutOp(record=r, signature=s)
+                    for r, s in zip(
+                        recs[k : k + cfg.max_batch], sigs[k : k + cfg.max_batch], strict=True
+                    )
+                ]
+            )
+        batched = n / (time.perf_counter() - t)
+        extra = [
+            make_record(
+                synth_source(n + i),
+                origin=Origin(kind="designer"),
+                valid=True,
+                stage="ok",
+                skill="X",
+            )
+            for i in range(100)
+        ]
+        t = time.perf_counter()
+        for r in extra:
+            store.put(r, prepare_signature(r, cfg.num_perm, cfg.shingle_tokens))
+        single = 100 / (time.perf_counter() - t)
+        ids = [r.id for r in recs]
+        pick = random.Random(0).choices(ids, k=20000)
+        t = time.perf_counter()
+        with store.read() as txn:
+            for i in pick:
+                store.get(i, txn)
+        reads = len(pick) / (time.perf_counter() - t)
+        assert store.stats()["duplicates"] == 0
+    return {
+        "records": n,
+        "prepare_per_s_one_core": round(prepare),
+        "writes_per_s_batched": round(batched),
+        "writes_per_s_one_per_txn": round(single),
+        "point_reads_per_s": round(reads),
+    }
+
+
+def fill(store: MemoryStore, n: int, rng: np.random.Generator) -> list[str]:
+    """``n`` records with varied stats; built directly (sha256 id, random MinHash) for speed."""
+    ids = []
+    batch = []
+    for i in range(n):
+        src = synth_source(i, lines=20).encode()
+        rid = hashlib.sha256(src).hexdigest()
+        plays = 16
+        wins = int(rng.integers(0, 17))
+        st = Stats(
+            plays_nohint=plays,
+            wins_nohint=wins,
+            plays_hint=plays,
+            wins_hint=min(16, wins + int(rng.integers(0, 6))),
+            regret_sum=float(rng.random() * 0.5),
+            regret_updates=1,
+            first_version=i // 100,
+            last_version=i // 100,
+        )
+        rec = EnvRecord(
+            id=rid,
+            source=src,
+            skill=SKILLS[i % 6],
+            env_class=f"Synth{i}Env",
+            origin=Origin(kind="designer", policy_version=i // 100),
+            valid=True,
+            stage="ok",
+            stats=st,
+            created_at=1e9 + i,
+        )
+        sig = rng.integers(0, 2**32, size=store.config.num_perm, dtype=np.uint32).tobytes()
+        batch.append(PutOp(record=rec, signature=sig))
+        ids.append(rid)
+        if len(batch) == 2000:
+            store.apply(batch)
+            batch = []
+    if batch:
+        store.apply(batch)
+    return ids
+
+
+class JsonFifo:
+    """The reference's memory: a list of dicts, the whole file rewritten on every update."""
+
+    def __init__(self, path: Path, n: int, rng: np.random.Generator):
+        self.path = path
+        self.items = [
+            {
+                "code": synth_source(i, lines=20)[:2000],
+                "skill": SKILLS[i % 6],
+                "win_rate": float(rng.random()),
+                "regret": float(rng.random() * 0.5),
+            }
+            for i in range(n)
+        ]
+
+    def update(self, i: int, win_rate: float, regret: float) -> None:
+        self.items[i].update(win_rate=win_rate, regret=regret)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.items, f)
+        os.replace(tmp, self.path)
+
+    def context(self, skill: str) -> list[dict]:
+        pos = [m for m in self.items if m["skill"] == skill and 0.15 <= m["win_rate"] <= 0.85]
+        pos.sort(key=lambda m: -m["regret"])
+        neg = [m for m in self.items if m["skill"] == skill and not 0.1 <= m["win_rate"] <= 0.9]
+        return pos[:2] + neg[:1]
+
+
+def at_size(root: Path, n: int, quick: bool) -> dict:
+    rng = np.random.default_rng(n)
+    out: dict = {"records": n}
+    with MemoryStore(root / f"m{n}") as store:
+        t = time.perf_counter()
+        ids = fill(store, n, rng)
+        out["fill_s"] = round(time.perf_counter() - t, 2)
+        gc.collect()
+        gc.freeze()  # the fill's objects: keep the collector out of the timings
+        k = 200 if quick else 1000
+        r = np.random.default_rng(0)
+        for strategy in ("spade", "recent", "diverse"):
+            out[f"context_{strategy}"] = lat(
+                timed(
+                    lambda s=strategy: sampling.designer_context(
+                        store, SKILLS[int(r.integers(6))], strategy=s, rng=r
+                    ),
+                    k,
+                )
+            )
+        out["replay_plr"] = lat(
+            timed(lambda: sampling.replay_sample(store, 8, version=n // 100 + 5, rng=r), k)
+        )
+        m = 2000
+        ops = [
+            StatsOp(
+                env_id=ids[int(i)],
+                plays_nohint=16,
+                wins_nohint=8,
+                plays_hint=16,
+                wins_hint=12,
+                regret=0.25,
+                version=n,
+            )
+            for i in r.integers(0, n, m)
+        ]
+        t = time.perf_counter()
+        for j in range(0, m, 512):
+            store.apply(ops[j : j + 512])
+        out["stats_updates_per_s_batched"] = round(m / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for op in ops[:100]:
+            store.apply([op])
+        out["stats_updates_per_s_one_per_txn"] = round(100 / (time.perf_counter() - t))
+        out["consistent"] = None if n > 10_000 else store.check_consistency() == []
+    fifo = JsonFifo(root / f"fifo{n}.json", n, rng)
+    reps = max(2, min(50, 200_000 // n))
+    t = time.perf_counter()
+    for j in range(reps):
+        fifo.update(j % n, 0.5, 0.1)
+    out["json_fifo_updates_per_s"] = round(reps / (time.perf_counter() - t), 2)
+    out["json_fifo_context"] = lat(
+        timed(lambda: fifo.context(SKILLS[0]), max(3, min(200, 2_000_000 // n)))
+    )
+    out["speedup_updates_batched_vs_json_fifo"] = round(
+        out["stats_updates_per_s_batched"] / out["json_fifo_updates_per_s"], 1
+    )
+    out["speedup_updates_one_per_txn_vs_json_fifo"] = round(
+        out["stats_updates_per_s_one_per_txn"] / out["json_fifo_updates_per_s"], 1
+    )
+    return out
+
+
+CHILD = r"""
+import json, sys, time
+from spade_async.corpus import open_corpus
+
+def peak_rss_mb():  # VmHWM: this process's own high-water mark (ru_maxrss survives exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+
+t = time.perf_counter(); c = open_corpus(sys.argv[1]); index_s = time.perf_counter() - t
+c.close()
+t = time.perf_counter(); c = open_corpus(sys.argv[1]); cached_s = time.perf_counter() - t
+n = int(sys.argv[2]); t = time.perf_counter(); docs = c.sample(n, seed=0)
+dt = time.perf_counter() - t
+print(json.dumps({"documents": len(c), "index_build_s": round(index_s, 2),
+  "open_cached_ms": round(cached_s * 1e3, 2), "docs_sampled": n,
+  "docs_per_s": round(n / dt), "mb_per_s_sampled": round(sum(len(d.text) for d in docs) / dt / 1e6, 1),
+  "peak_rss_mb": peak_rss_mb()}))
+"""
+
+
+def corpus(root: Path, size_mb: int) -> dict:
+    path = root / "corpus.jsonl"
+    rng = np.random.default_rng(0)
+    vocab = np.array([f"{w}{k}" for w in WORDS for k in range(40)])
+    t = time.perf_counter()
+    written = 0
+    with open(path, "wb") as f:
+        while written < size_mb << 20:
+            words = vocab[rng.integers(0, len(vocab), size=(256, 700))]
+            lines = b"".join(json.dumps({"text": " ".join(row)}).encode() + b"\n" for row in words)
+            f.write(lines)
+            written += len(lines)
+    gen_s = time.perf_counter() - t
+    env = os.environ | {"SPADE_CACHE": str(root / "cache")}
+    res = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), "2000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return {"file_mb": round(written / 2**20), "generate_s": round(gen_s, 1), **out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
+    ap.add_argument("--save", action="store_true", help="write bench/results/memory.json")
+    args = ap.parse_args()
+    q = args.quick
+    with tempfile.TemporaryDirectory(prefix="spade-bench-memory-") as tmp:
+        root = Path(tmp)
+        out: dict = {"name": "memory", "quick": q, "hardware": hardware()}
+        size_mb = 100 if q else 1024
+        out["corpus"] = corpus(root, size_mb)  # first, before this process grows
+        out["corpus"]["note"] = f"generated JSONL of {size_mb} MB" + (
+            " (--quick; the full run uses 1 GB)" if q else ""
+        )
+        out["writes"] = write_rates(root, 2000 if q else 10_000)
+        out["sizes"] = [at_size(root, n, q) for n in (1_000, 10_000, 100_000)]
+    big = out["sizes"][-1]
+    ten = out["sizes"][1]
+    spade_ms = big["context_spade"]["p99_ms"]
+    out["targets"] = {
+        "writes_per_s_batched": {
+            "target": ">= 5000",
+            "measured": out["writes"]["writes_per_s_batched"],
+            "met": out["writes"]["writes_per_s_batched"] >= 5000,
+        },
+        "context_sampling_ms_at_100k_p99": {
+            "target": "<= 2",
+            "measured": spade_ms,
+            "met": spade_ms <= 2.0,
+        },
+        "replay_sampling_ms_at_100k_p99": {
+            "target": "<= 2",
+            "measured": big["replay_plr"]["p99_ms"],
+            "met": big["replay_plr"]["p99_ms"] <= 2.0,
+        },
+        "update_speedup_vs_json_fifo_at_10k": {
+            "target": ">= 50",
+            "measured": ten["speedup_updates_batched_vs_json_fifo"],
+            "met": ten["speedup_updates_batched_vs_json_fifo"] >= 50,
+        },
+        "corpus_peak_rss_mb": {
+            "target": "not the corpus size",
+            "measured": out["corpus"]["peak_rss_mb"],
+            "corpus_mb": out["corpus"]["file_mb"],
+        },
+    }
+    line = json.dumps(out)
+    if args.save:
+        dest = Path(__file__).parent / "results" / "memory.json"
+        dest.parent.mkdir(exist_ok=True)
+        dest.write_text(json.dumps(out, indent=2) + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
