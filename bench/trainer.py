@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tempfile.gettempdir()) / "spade-bench-trainer-tiny", hidden_size=64, num_layers=2
         )
     )
-    n, steps, budget = (12, 1, 1536) if args.quick else (96, 3, 4096)
+    n, steps, budget = (12, 1, 1536) if args.quick else (48, 2, 4096)
     batch = long_tail_batch(n, 49152, seed=0)
     lengths = sorted(len(s.token_ids) for s in batch.samples)
     results, ratios = {}, {}
