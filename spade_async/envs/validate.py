@@ -42,7 +42,8 @@ class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     success_threshold: Doc(float, "terminal reward that counts as solved") = 1.0
     garbage_actions: Doc(tuple[str, ...], "actions that must never crash nor win an episode") = (
         "", "\\boxed{}", "I am not sure what to do here.", "\\boxed{zzqx 9 -1 ???}",
-        "<answer></answer>",
+        "<answer></answer>", "<tool_call>not json</tool_call>",
+        '<tool_call>{"name": "no_such_tool", "arguments": {"x": 1}}</tool_call>',
     )  # fmt: skip
     max_solution_steps: Doc(int, "longest solution replayed") = 200
     require_multi_turn: Doc(bool, "reject environments solved in one action (stage multi_turn)") = (
