@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("spade_async"):
-            print(f"spade: '{name}' is not implemented yet ({exc.name} is missing)", file=sys.stderr)
+            print(
+                f"spade: '{name}' is not implemented yet ({exc.name} is missing)", file=sys.stderr
+            )
             return 2
         raise
     try:

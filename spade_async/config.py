@@ -17,7 +17,15 @@ import msgspec
 
 from spade_async.errors import ConfigError
 
-__all__ = ["Doc", "field", "load_config", "apply_overrides", "convert", "field_docs", "to_toml_dict"]
+__all__ = [
+    "Doc",
+    "field",
+    "load_config",
+    "apply_overrides",
+    "convert",
+    "field_docs",
+    "to_toml_dict",
+]
 
 
 def Doc(tp: Any, doc: str) -> Any:  # noqa: N802 - reads like a type
@@ -115,14 +123,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def read_toml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file '{p}' not found; pass a TOML recipe such as configs/cpu-demo.toml")
+        raise ConfigError(
+            f"config file '{p}' not found; pass a TOML recipe such as configs/cpu-demo.toml"
+        )
     try:
         return tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file '{p}' is not valid TOML: {exc}") from None
 
 
-def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+def load_config(
+    cls: type, path: str | Path | None = None, overrides: list[str] | None = None
+) -> Any:
     data = read_toml(path) if path is not None else {}
     return convert(cls, apply_overrides(data, list(overrides or [])))
 
@@ -147,8 +159,10 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
         if sub is not None:
             rows.extend(field_docs(sub, path + "."))
             continue
-        default = f.default if f.default is not msgspec.NODEFAULT else (
-            f.default_factory() if f.default_factory is not msgspec.NODEFAULT else None
+        default = (
+            f.default
+            if f.default is not msgspec.NODEFAULT
+            else (f.default_factory() if f.default_factory is not msgspec.NODEFAULT else None)
         )
         rows.append((path, _type_name(_strip(tp)), default, doc))
     return rows

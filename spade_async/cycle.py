@@ -10,16 +10,25 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
 from spade_async.memory.sampling import replay_sample
-from spade_async.rewards import centre_per_skill, designer_reward, regret, role_balance_scale, win_rate
+from spade_async.rewards import (
+    centre_per_skill,
+    designer_reward,
+    regret,
+    role_balance_scale,
+    win_rate,
+)
 from spade_async.roles.agent import EnvRef, Episode, play_episode, transcript
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
-from spade_async.runtime import Runtime
-from spade_async.trainer.batch import Sample
+from spade_async.trainer.batch import Batch, Sample
+
+if TYPE_CHECKING:
+    from spade_async.runtime import Runtime
 
 
 @dataclass
@@ -33,14 +42,19 @@ class Window:
 
 async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
     d = rt.cfg.designer
-    skills = list(rt.rng.choice(d.skills, size=min(d.skills_per_regen, len(d.skills)), replace=False))
+    skills = list(
+        rt.rng.choice(d.skills, size=min(d.skills_per_regen, len(d.skills)), replace=False)
+    )
     groups = []
     for skill in skills:
         for _ in range(d.prompts_per_skill):
             doc = rt.corpus.sample(1, rng=rt.rng)[0] if rt.corpus is not None else None
             prompt, shown = build_prompt(
-                d, skill=skill, document=doc.text if doc else None,
-                store=rt.store if d.use_memory else None, rng=rt.rng,
+                d,
+                skill=skill,
+                document=doc.text if doc else None,
+                store=rt.store if d.use_memory else None,
+                rng=rt.rng,
             )
             groups.append((skill, doc.id if doc else None, prompt, shown))
     out: list[DesignSample] = []
@@ -48,9 +62,17 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
     async def one(skill, doc_id, prompt, shown) -> None:
         with rt.meters.busy("engine"):
             samples = await design_group(
-                client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, writer=rt.writer,
-                run_dir=rt.run_dir, cfg=d, prompt=prompt, skill=skill, doc_id=doc_id,
-                version=version, examples=shown,
+                client=rt.client,
+                pool=rt.pool,
+                tokenizer=rt.tokenizer,
+                writer=rt.writer,
+                run_dir=rt.run_dir,
+                cfg=d,
+                prompt=prompt,
+                skill=skill,
+                doc_id=doc_id,
+                version=version,
+                examples=shown,
             )
         out.extend(samples)
 
@@ -63,10 +85,19 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
         rt.meters.count(f"designer/stage/{s.verdict.stage}")
         rt.meters.count("designer/valid", int(s.verdict.valid))
         rt.meters.count("designer/duplicates", int(s.duplicate))
-        rt.tel.log(rt.state.step, {
-            "env_id": s.env_id or "", "env_class": s.verdict.env_class or "", "skill": s.skill,
-            "stage": s.verdict.stage, "valid": s.verdict.valid, "win_rate": None, "regret": None,
-        }, kind="env")
+        rt.tel.log(
+            rt.state.step,
+            {
+                "env_id": s.env_id or "",
+                "env_class": s.verdict.env_class or "",
+                "skill": s.skill,
+                "stage": s.verdict.stage,
+                "valid": s.verdict.valid,
+                "win_rate": None,
+                "regret": None,
+            },
+            kind="env",
+        )
     return out
 
 
@@ -91,8 +122,12 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     async def one(env: EnvRef) -> None:
         with rt.meters.busy("engine"):
             res = await write_hint(
-                client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, env=env,
-                seed=int(rt.rng.integers(2**31)), cfg=rt.cfg.hint,
+                client=rt.client,
+                pool=rt.pool,
+                tokenizer=rt.tokenizer,
+                env=env,
+                seed=int(rt.rng.integers(2**31)),
+                cfg=rt.cfg.hint,
             )
         hints[env.env_id] = res.hint
         rt.meters.add_tokens("hint", res.tokens)
@@ -105,7 +140,9 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     return hints
 
 
-async def play(rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], version: int) -> list[Episode]:
+async def play(
+    rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], version: int
+) -> list[Episode]:
     """Every environment's no-hint plays, and its hinted plays on the same seeds (paired)."""
     cfg = rt.cfg.agent
     limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
@@ -113,10 +150,17 @@ async def play(rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], ve
 
     async def one(env: EnvRef, seed: int, hint: str | None) -> None:
         async with limiter:
+            rt.meters.count("agent/started")
             with rt.meters.busy("env_pool"):
                 ep = await play_episode(
-                    client=rt.client, pool=rt.pool, tokenizer=rt.tokenizer, env=env, seed=seed,
-                    hint=hint, cfg=cfg, version=version,
+                    client=rt.client,
+                    pool=rt.pool,
+                    tokenizer=rt.tokenizer,
+                    env=env,
+                    seed=seed,
+                    hint=hint,
+                    cfg=cfg,
+                    version=version,
                 )
         episodes.append(ep)
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
@@ -124,7 +168,9 @@ async def play(rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], ve
 
     async with anyio.create_task_group() as tg:
         for env in envs:
-            seeds = [int(s) for s in rt.rng.integers(2**31, size=max(cfg.plays_nohint, cfg.plays_hint))]
+            seeds = [
+                int(s) for s in rt.rng.integers(2**31, size=max(cfg.plays_nohint, cfg.plays_hint))
+            ]
             for seed in seeds[: cfg.plays_nohint]:
                 tg.start_soon(one, env, seed, None)
             hint = hints.get(env.env_id)
@@ -134,7 +180,9 @@ async def play(rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], ve
     return episodes
 
 
-async def score(rt: Runtime, episodes: list[Episode], window: Window | None) -> dict[str, list[float]]:
+async def score(
+    rt: Runtime, episodes: list[Episode], window: Window | None
+) -> dict[str, list[float]]:
     """Per-environment statistics into memory (and the designer window); returns the
     regrets and no-hint win rates of the environments scored, for the dashboard."""
     thr = rt.cfg.agent.success_threshold
@@ -146,9 +194,12 @@ async def score(rt: Runtime, episodes: list[Episode], window: Window | None) -> 
         r = regret(hinted, plain)
         await rt.writer.update_stats(
             env_id,
-            plays_hint=len(hinted), wins_hint=float(sum(x >= thr for x in hinted)),
-            plays_nohint=len(plain), wins_nohint=float(sum(x >= thr for x in plain)),
-            regret=r if hinted and plain else None, version=rt.state.version,
+            plays_hint=len(hinted),
+            wins_hint=float(sum(x >= thr for x in hinted)),
+            plays_nohint=len(plain),
+            wins_nohint=float(sum(x >= thr for x in plain)),
+            regret=r if hinted and plain else None,
+            version=rt.state.version,
         )
         if plain:
             regrets.append(r)
@@ -169,16 +220,26 @@ async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[lis
         if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
             rewards.append(0.0)
             continue
-        hinted, plain = window.hint_rewards.get(s.env_id, []), window.nohint_rewards.get(s.env_id, [])
+        hinted, plain = (
+            window.hint_rewards.get(s.env_id, []),
+            window.nohint_rewards.get(s.env_id, []),
+        )
         value = designer_reward(
-            cfg, regret_value=regret(hinted, plain), nohint_win_rate=win_rate(plain, thr),
-            nohint_rewards=plain, duplicate=s.duplicate,
+            cfg,
+            regret_value=regret(hinted, plain),
+            nohint_win_rate=win_rate(plain, thr),
+            nohint_rewards=plain,
+            duplicate=s.duplicate,
         )
         rewards.append(value)
         await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
-    adv, keep = centre_per_skill(rewards, [s.skill for s in window.samples], mask_negative=cfg.mask_negative)
+    adv, keep = centre_per_skill(
+        rewards, [s.skill for s in window.samples], mask_negative=cfg.mask_negative
+    )
     rt.meters.count("designer/masked", sum(not k for k in keep))
-    scale = role_balance_scale(n_agent, max(1, len(window.samples)), rt.cfg.regen_interval, cfg.max_role_scale)
+    scale = role_balance_scale(
+        n_agent, max(1, len(window.samples)), rt.cfg.regen_interval, cfg.max_role_scale
+    )
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     return designer_samples(window.samples, adv, keep, scale), mean
 
@@ -186,3 +247,68 @@ async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[lis
 def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
     for i, ep in enumerate(episodes[: rt.cfg.agent.transcripts_per_step]):
         rt.run_dir.save_transcript(f"step-{rt.state.step:05d}-{i}", transcript(ep))
+
+
+async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> dict[str, float]:
+    """One trainer step, then the weights to every engine (paused around the push when
+    generation is in flight); the engines' version becomes the trainer's."""
+    if not samples:
+        rt.meters.count("train/empty_batches")
+        return {}
+    # shielded: a Ctrl-C never leaves the trainer mid-call or the engines behind its version
+    with anyio.CancelScope(shield=True), rt.meters.busy("trainer"):
+        metrics = await rt.trainer.train_step(Batch(samples=samples))
+        # SGLang: pause in place around the push. The CPU engine needs no pause: it drains
+        # in-flight decode steps and swaps weights between two of them, atomically.
+        pause = pause and rt.cfg.engine.kind == "sglang"
+        if pause:
+            await rt.client.pause(rt.cfg.pipeline.pause_mode)
+        try:
+            pushed = await rt.trainer.push_weights(rt.engine_urls)
+        finally:
+            if pause:
+                await rt.client.resume()
+    rt.state.version = pushed.version
+    rt.meters.add_tokens("trainer", sum(len(s.token_ids) for s in samples))
+    return metrics
+
+
+def step_record(
+    rt: Runtime,
+    episodes,
+    samples,
+    dists,
+    train_metrics,
+    zero_adv,
+    designer_mean,
+    trained_at: int,
+    extra=None,
+) -> dict:
+    """The metrics record both schedules log after each trainer step (``trained_at``: the
+    trainer's version when it took this batch; sample age = trained_at - sample version)."""
+    st, cfg = rt.state, rt.cfg
+    rt.meters.count("agent/consumed", len(episodes))
+    rewards = [e.reward for e in episodes if not e.hinted]
+    return {
+        "version": st.version,
+        "max_steps": cfg.max_steps,
+        **rt.meters.snapshot(),
+        **dists,
+        "regret/mean": _mean(dists["regret/values"]),
+        "reward/agent_mean": _mean(rewards),
+        "reward/designer_mean": designer_mean,
+        "agent/episodes": len(episodes),
+        "agent/zero_advantage": zero_adv,
+        "batch/samples": len(samples),
+        "batch/max_agent_age": max(
+            (trained_at - s.policy_version for s in samples if s.role == "agent"), default=0
+        ),
+        "batch/versions": sorted({s.policy_version for s in samples}),
+        "memory/size": rt.store.stats().get("total", 0),
+        **{f"train/{k}": v for k, v in train_metrics.items()},
+        **(extra or {}),
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

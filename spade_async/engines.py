@@ -18,16 +18,21 @@ from typing import Literal
 import anyio
 import msgspec
 
+from spade_async import watchdog
 from spade_async.config import Doc
 from spade_async.generation.sglang import SGLangConfig, SGLangServer
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    kind: Doc(Literal["cpu", "sglang"], "cpu: the project's transformers engine; sglang: SGLang servers") = "cpu"
+    kind: Doc(
+        Literal["cpu", "sglang"], "cpu: the project's transformers engine; sglang: SGLang servers"
+    ) = "cpu"
     count: Doc(int, "CPU engines to start (kind = cpu)") = 1
     threads: Doc(int, "torch threads per CPU engine; 0 = torch's default") = 0
     dtype: Doc(str, "CPU engine weights dtype") = "float32"
-    gpus: Doc(list[list[int]], "kind = sglang: GPU ids, one list per server (its TP group); see placement.py") = msgspec.field(default_factory=list)
+    gpus: Doc(list[list[int]], "kind = sglang: GPU ids, one list per server (its TP group); see placement.py") = (
+        msgspec.field(default_factory=list)
+    )
     mem_fraction_static: Doc(float, "SGLang memory fraction for weights + KV cache") = 0.8
     extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
     base_port: Doc(int, "first engine port (0 = pick free ports)") = 0
@@ -45,11 +50,22 @@ class CPUEngineServer(SGLangServer):
         super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0]))  # checks only; no GPU used
         self.cfg = cfg
         self.argv = [
-            sys.executable, "-m", "spade_async.generation.server", "--model", cfg.model_path,
-            "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
-            "--weight-version", cfg.weight_version,
+            sys.executable,
+            "-m",
+            "spade_async.generation.server",
+            "--model",
+            cfg.model_path,
+            "--host",
+            cfg.host,
+            "--port",
+            str(cfg.port),
+            "--dtype",
+            dtype,
+            "--weight-version",
+            cfg.weight_version,
         ] + (["--threads", str(threads)] if threads else [])
         self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        self.argv = watchdog.prefix() + self.argv
 
 
 def free_port() -> int:
@@ -83,19 +99,35 @@ def servers(
         if cfg.kind == "cpu":
             out.append(CPUEngineServer(scfg, threads=cfg.threads, dtype=cfg.dtype))
         else:
-            out.append(SGLangServer(scfg))
+            server = SGLangServer(scfg)
+            server.argv = watchdog.prefix() + server.argv  # dies with the controller
+            out.append(server)
     return out
 
 
 @contextlib.asynccontextmanager
 async def running_engines(
     cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
-) -> AsyncIterator[list[str]]:
-    """Start every engine (supervised, restarted on crashes); yield their URLs; stop them."""
+) -> AsyncIterator[list[SGLangServer]]:
+    """Start every engine (supervised, restarted on crashes); yield them once healthy; stop them."""
     procs = servers(cfg, model_dir, log_dir, weight_version=weight_version)
     async with anyio.create_task_group() as tg:
-        urls = [await tg.start(p.run) for p in procs]
+        for p in procs:
+            await tg.start(p.run)
         try:
-            yield urls
+            yield procs
         finally:
             tg.cancel_scope.cancel()
+
+
+def kill_now(procs: list[SGLangServer]) -> None:
+    """SIGKILL every engine's process group (the second Ctrl-C)."""
+    import os
+    import signal
+
+    for p in procs:
+        if p.process is not None and p.process.returncode is None:
+            try:
+                os.killpg(p.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -25,18 +25,29 @@ from spade_async.rewards import RewardConfig
 from spade_async.roles.agent import AgentConfig
 from spade_async.roles.designer import DesignerConfig
 from spade_async.roles.hint import HintConfig
+from spade_async.schedule_async import PipelineConfig
 from spade_async.telemetry.metrics import TelemetryConfig
 from spade_async.trainer.config import TrainerConfig
 
 Mode = Literal[
-    "spade", "fixed_pool", "frozen_designer", "no_corpus", "no_memory",
-    "no_designer_training", "no_designer_training_no_memory",
+    "spade",
+    "fixed_pool",
+    "frozen_designer",
+    "no_corpus",
+    "no_memory",
+    "no_designer_training",
+    "no_designer_training_no_memory",
 ]
 
 # mode -> overrides applied *under* the recipe's own keys
 MODES: dict[str, list[str]] = {
     "spade": [],
-    "fixed_pool": ["designer_enabled=false", "hint.enabled=false", "agent.plays_hint=0", "replay_envs=8"],
+    "fixed_pool": [
+        "designer_enabled=false",
+        "hint.enabled=false",
+        "agent.plays_hint=0",
+        "replay_envs=8",
+    ],
     "frozen_designer": ["designer_train=false"],
     "no_corpus": ["designer.use_corpus=false"],
     "no_memory": ["designer.use_memory=false"],
@@ -51,20 +62,36 @@ def _s(cls):
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Doc(str, "run name (default run directory: runs/<config file stem>-<time>)") = "spade"
-    mode: Doc(Mode, "spade | fixed_pool | frozen_designer | no_corpus | no_memory | no_designer_training | no_designer_training_no_memory") = "spade"
-    schedule: Doc(Literal["sync", "async"], "sync: generate, train, push in turn; async: overlapped") = "sync"
+    mode: Doc(
+        Mode,
+        "spade | fixed_pool | frozen_designer | no_corpus | no_memory | no_designer_training | no_designer_training_no_memory",
+    ) = "spade"
+    schedule: Doc(
+        Literal["sync", "async"], "sync: generate, train, push in turn; async: overlapped"
+    ) = "sync"
     max_steps: Doc(int, "policy updates to run") = 400
     seed: Doc(int, "seed for document, skill, memory and episode sampling") = 0
     model: Doc(str, "embedded model name or local Hugging Face directory") = "smollm2-135m-instruct"
-    designer_enabled: Doc(bool, "generate environments (false: agent plays memory/pool only)") = True
+    designer_enabled: Doc(bool, "generate environments (false: agent plays memory/pool only)") = (
+        True
+    )
     designer_train: Doc(bool, "train the designer on its regret-based reward") = True
-    regen_interval: Doc(int, "regenerate environments every N policy versions (delayed designer reward)") = 4
+    regen_interval: Doc(
+        int, "regenerate environments every N policy versions (delayed designer reward)"
+    ) = 4
     replay_envs: Doc(int, "memory environments replayed to the agent each step (PLR sampling)") = 0
-    fixed_pool: Doc(str, "directory of environments imported into memory at start (fixed_pool mode)") = ""
-    initial_memory: Doc(str, "'examples' (bundled environments), a directory, or '' for none") = "examples"
+    fixed_pool: Doc(
+        str, "directory of environments imported into memory at start (fixed_pool mode)"
+    ) = ""
+    initial_memory: Doc(str, "'examples' (bundled environments), a directory, or '' for none") = (
+        "examples"
+    )
     max_staleness: Doc(int, "agent samples more than this many versions old are dropped") = 1
     checkpoint_every: Doc(int, "save a checkpoint every N steps (and at the end)") = 10
     max_concurrent_episodes: Doc(int, "agent episodes in flight at once") = 64
+    shutdown_grace_s: Doc(
+        float, "after Ctrl-C, seconds in-flight work may finish before it is aborted"
+    ) = 5.0
     designer: Doc(DesignerConfig, "Environment Designer") = _s(DesignerConfig)
     hint: Doc(HintConfig, "hint writer (not trained)") = _s(HintConfig)
     agent: Doc(AgentConfig, "Reasoning Agent") = _s(AgentConfig)
@@ -77,6 +104,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     trainer: Doc(TrainerConfig, "FSDP2 trainer ranks") = _s(TrainerConfig)
     telemetry: Doc(TelemetryConfig, "metrics and dashboard") = _s(TelemetryConfig)
     placement: Doc(PlacementConfig, "GPU placement of engines and trainer ranks") = _s(PlacementConfig)
+    pipeline: Doc(PipelineConfig, "async schedule: streams and concurrency") = _s(PipelineConfig)
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:

@@ -24,18 +24,30 @@ TIMEOUT_REWARD = -0.5
 
 
 class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    variant: Doc(Variant, "designer reward: regret | blend | solve_rate | learning_potential | variance") = "blend"
-    regret_scale: Doc(float, "regret that earns the full regret term (clip(regret / scale, 0, 1))") = 0.15
-    blend_regret_weight: Doc(float, "weight of the regret term in 'blend' (the plateau term gets 1 - this)") = 0.4
+    variant: Doc(
+        Variant, "designer reward: regret | blend | solve_rate | learning_potential | variance"
+    ) = "blend"
+    regret_scale: Doc(
+        float, "regret that earns the full regret term (clip(regret / scale, 0, 1))"
+    ) = 0.15
+    blend_regret_weight: Doc(
+        float, "weight of the regret term in 'blend' (the plateau term gets 1 - this)"
+    ) = 0.4
     plateau_low: Doc(float, "no-hint win rates in [low, high] earn the full plateau score") = 0.4
     plateau_high: Doc(float, "upper edge of the plateau") = 0.6
     plateau_ramp: Doc(float, "width of the linear ramp to 0 on each side of the plateau") = 0.25
     variance_target: Doc(float, "'variance' variant: outcome variance that scores 1") = 0.25
     variance_width: Doc(float, "'variance' variant: exp(-(var - target)^2 / width)") = 0.02
-    duplicate_penalty: Doc(float, "subtracted from a near-duplicate environment's designer reward") = 0.5
-    mask_negative: Doc(bool, "mask designer samples whose reward (before centring) is negative") = True
+    duplicate_penalty: Doc(
+        float, "subtracted from a near-duplicate environment's designer reward"
+    ) = 0.5
+    mask_negative: Doc(bool, "mask designer samples whose reward (before centring) is negative") = (
+        True
+    )
     max_role_scale: Doc(float, "cap of the designer role-balance scale") = 50.0
-    timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = TIMEOUT_REWARD
+    timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = (
+        TIMEOUT_REWARD
+    )
 
 
 def agent_outcome(final_reward: float, terminated: bool, *, timed_out: bool = False) -> float:
@@ -88,7 +100,9 @@ def designer_reward(
             ema = nohint_win_rate if slow_ema_win_rate is None else slow_ema_win_rate
             value = abs(nohint_win_rate - ema)
         case "variance":
-            var = _var(nohint_rewards) if nohint_rewards else nohint_win_rate * (1 - nohint_win_rate)
+            var = (
+                _var(nohint_rewards) if nohint_rewards else nohint_win_rate * (1 - nohint_win_rate)
+            )
             value = math.exp(-((var - cfg.variance_target) ** 2) / cfg.variance_width)
     return value - (cfg.duplicate_penalty if duplicate else 0.0)
 
@@ -106,7 +120,9 @@ def centre_per_skill(
     return adv, keep
 
 
-def role_balance_scale(n_agent: int, n_designer: int, regen_interval: int, cap: float = 50.0) -> float:
+def role_balance_scale(
+    n_agent: int, n_designer: int, regen_interval: int, cap: float = 50.0
+) -> float:
     """Designer loss scale ``min(n_agent / n_designer * regen_interval, cap)``."""
     if n_designer <= 0:
         return 0.0

@@ -1,24 +1,76 @@
-"""The main loop: open the runtime, run the configured schedule to ``max_steps``, checkpoint."""
+"""The main loop: open the runtime, run the configured schedule to ``max_steps``, checkpoint.
+
+Ctrl-C (or SIGTERM) once: stop starting new work, abort in-flight episodes, checkpoint,
+flush memory, exit 0. Twice: kill every child process group and exit at once (130).
+"""
 
 from __future__ import annotations
+
+import os
+import signal
+
+import anyio
 
 from spade_async.cycle import Window
 from spade_async.recipe import Config
 from spade_async.rundir import RunDir
-from spade_async.runtime import open_runtime
+from spade_async.runtime import Runtime, open_runtime
 
 
-async def train(cfg: Config, run_dir: RunDir) -> int:
-    if cfg.schedule == "async":
-        from spade_async.errors import ConfigError
+async def train(cfg: Config, run_dir: RunDir, *, handle_signals: bool = True) -> int:
+    stop = anyio.Event()
+    async with open_runtime(cfg, run_dir) as rt, anyio.create_task_group() as tg:
+        if handle_signals:
+            tg.start_soon(_signals, rt, stop)
+        rt.tel.event(
+            rt.state.step, rt.resume_note or f"new run {run_dir.root} ({cfg.schedule} schedule)"
+        )
+        async with anyio.create_task_group() as work:
+            work.start_soon(_abort_after_grace, stop, work.cancel_scope, cfg.shutdown_grace_s)
+            await _schedule(rt, stop)
+            work.cancel_scope.cancel()
+        if stop.is_set():
+            await rt.checkpoint()
+            rt.tel.event(
+                rt.state.step, f"stopped by signal at step {rt.state.step}; checkpoint saved"
+            )
+        else:
+            rt.tel.event(
+                rt.state.step, f"done: {rt.state.step} steps, policy version {rt.state.version}"
+            )
+        tg.cancel_scope.cancel()
+    return 0
 
-        raise ConfigError("schedule = 'async' is not built yet (issue 7); use schedule = 'sync'")
+
+async def _schedule(rt: Runtime, stop: anyio.Event) -> None:
+    if rt.cfg.schedule == "async":
+        from spade_async.schedule_async import run_async
+
+        await run_async(rt, stop)
+        return
     from spade_async.schedule_sync import sync_step
 
-    async with open_runtime(cfg, run_dir) as rt:
-        rt.tel.event(rt.state.step, f"run {run_dir.root} at step {rt.state.step}, version {rt.state.version}")
-        window = Window()
-        while rt.state.step < cfg.max_steps:
-            window = await sync_step(rt, window)
-        rt.tel.event(rt.state.step, f"done: {rt.state.step} steps, policy version {rt.state.version}")
-    return 0
+    window = Window()
+    while rt.state.step < rt.cfg.max_steps and not stop.is_set():
+        window = await sync_step(rt, window)
+
+
+async def _abort_after_grace(stop: anyio.Event, scope: anyio.CancelScope, grace_s: float) -> None:
+    """After a stop request, in-flight work gets ``grace_s`` to finish, then it is aborted."""
+    await stop.wait()
+    await anyio.sleep(grace_s)
+    scope.cancel()
+
+
+async def _signals(rt: Runtime, stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if not stop.is_set():
+                stop.set()
+                rt.tel.event(
+                    rt.state.step,
+                    "stopping: finishing the step, then a checkpoint (Ctrl-C again to quit now)",
+                )
+                continue
+            rt.kill_children()
+            os._exit(130)

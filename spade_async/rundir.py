@@ -1,12 +1,12 @@
 """The run directory: every artefact of one run under ``runs/<name>/`` (ARCHITECTURE.md).
 
-    config.toml          the resolved config (recipe + overrides), written once
-    memory.lmdb/         environment memory (spade_async.memory)
-    checkpoints/step-N/  sharded trainer state + controller state (latest wins on resume)
-    hf/                  latest Hugging Face export (transformers and SGLang load it)
-    metrics.jsonl        one record per line (spade_async.telemetry.metrics)
-    envs/                every generated environment file with its verdict (<id>.py, <id>.json)
-    episodes/            sampled transcripts as readable text
+config.toml          the resolved config (recipe + overrides), written once
+memory.lmdb/         environment memory (spade_async.memory)
+checkpoints/step-N/  sharded trainer state + controller state (latest wins on resume)
+hf/                  latest Hugging Face export (transformers and SGLang load it)
+metrics.jsonl        one record per line (spade_async.telemetry.metrics)
+envs/                every generated environment file with its verdict (<id>.py, <id>.json)
+episodes/            sampled transcripts as readable text
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ class RunDir:
     def save_env(self, env_id: str, source: str, verdict: msgspec.Struct | dict) -> None:
         self.envs.mkdir(parents=True, exist_ok=True)
         write_atomic(self.envs / f"{env_id}.py", source.encode())
-        write_atomic(self.envs / f"{env_id}.json", msgspec.json.format(msgspec.json.encode(verdict)))
+        write_atomic(
+            self.envs / f"{env_id}.json", msgspec.json.format(msgspec.json.encode(verdict))
+        )
 
     def save_transcript(self, name: str, text: str) -> Path:
         path = self.episodes / f"{name}.txt"

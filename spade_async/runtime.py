@@ -13,12 +13,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 import numpy as np
 
+from spade_async import watchdog
 from spade_async.config import to_toml_dict
 from spade_async.corpus import Corpus, open_corpus
 from spade_async.engines import running_engines
@@ -28,11 +29,13 @@ from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
 from spade_async.placement import trainer_process
-from spade_async.recipe import Config
 from spade_async.rundir import RunDir, write_atomic
 from spade_async.telemetry.metrics import Meters, Telemetry
 from spade_async.trainer.client import AsyncTrainerClient
 from spade_async.trainer.launch import TrainerProcess
+
+if TYPE_CHECKING:
+    from spade_async.recipe import Config
 
 
 class ControllerState(msgspec.Struct, kw_only=True):
@@ -61,8 +64,18 @@ class Runtime:
     tel: Telemetry
     engine_urls: list[str]
     state: ControllerState
+    engines: list = field(default_factory=list)
+    resume_note: str = ""
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    def kill_children(self) -> None:
+        """Second Ctrl-C: SIGKILL engines and trainer ranks now (environment workers die
+        with this process: bubblewrap's --die-with-parent)."""
+        from spade_async.engines import kill_now
+
+        kill_now(self.engines)
+        self.trainer_proc.kill()
 
     async def checkpoint(self) -> Path:
         """Trainer state (DCP) + HF export + controller state; ``DONE`` marks it complete."""
@@ -95,7 +108,9 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
     resumed = run_dir.latest_checkpoint()
     state = ControllerState()
     if resumed is not None:
-        state = msgspec.json.decode((resumed[1] / "controller.json").read_bytes(), type=ControllerState)
+        state = msgspec.json.decode(
+            (resumed[1] / "controller.json").read_bytes(), type=ControllerState
+        )
     model_dir = resolve_model(cfg.model)
     engine_model = run_dir.hf if resumed is not None and run_dir.hf.is_dir() else model_dir
     tokenizer = load_tokenizer(str(model_dir) if Path(str(model_dir)).is_dir() else cfg.model)
@@ -110,6 +125,9 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         proc = trainer_process(  # ranks, threads and CUDA_VISIBLE_DEVICES from cfg.placement
             cfg, model_dir, run_dir.root, load=str(resumed[1]) if resumed is not None else None
         )
+        proc.cmd = (
+            watchdog.prefix() + proc.cmd
+        )  # the ranks die with the controller, even on kill -9
         stack.callback(proc.stop)  # runs after the task group below has exited
         tg = await stack.enter_async_context(anyio.create_task_group())
         writer = MemoryWriter(store)
@@ -124,22 +142,57 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             trainer_up.set()
 
         tg.start_soon(start_trainer)
-        urls = await stack.enter_async_context(
+        engines = await stack.enter_async_context(
             running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
         )
+        urls = [e.url for e in engines]
         await trainer_up.wait()
         client = await stack.enter_async_context(GenerationClient(urls, cfg.client))
-        tel = stack.enter_context(Telemetry(run_dir.root, cfg.telemetry, run_config=to_toml_dict(cfg)))
+        tel = stack.enter_context(
+            Telemetry(run_dir.root, cfg.telemetry, run_config=to_toml_dict(cfg))
+        )
         rt = Runtime(
-            cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, client=client, pool=pool, store=store,
-            writer=writer, corpus=corpus, trainer=AsyncTrainerClient(started["trainer"]), trainer_proc=proc,
-            tel=tel, engine_urls=urls, state=state,
+            cfg=cfg,
+            run_dir=run_dir,
+            tokenizer=tokenizer,
+            client=client,
+            pool=pool,
+            store=store,
+            writer=writer,
+            corpus=corpus,
+            trainer=AsyncTrainerClient(started["trainer"]),
+            trainer_proc=proc,
+            tel=tel,
+            engine_urls=urls,
+            state=state,
+            engines=engines,
+            resume_note=_resume_note(run_dir, resumed, state),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
         if state.meters:
             rt.meters.load_state_dict(state.meters)
         yield rt
         tg.cancel_scope.cancel()
+
+
+def _resume_note(run_dir: RunDir, resumed, state: ControllerState) -> str:
+    """On resume: where we start, and the episodes played after the checkpoint that are lost."""
+    if resumed is None:
+        return ""
+    from spade_async.telemetry.metrics import read_metrics
+
+    try:
+        last = [r for r in read_metrics(run_dir.metrics) if r.get("kind") == "step"][-1:]
+    except Exception:  # a damaged metrics file only costs the report
+        last = []
+    started = last[0].get("agent/started", 0) if last else 0
+    consumed = state.meters.get("counters", {}).get("agent/consumed", 0) if state.meters else 0
+    lost = max(0, started - consumed)
+    state.inflight_lost += lost
+    return (
+        f"resumed {run_dir.root} from checkpoint step {resumed[0]} (policy version {state.version}); "
+        f"at least {lost} episodes generated after it were lost"
+    )
 
 
 async def _close_writer(writer: MemoryWriter) -> None:

@@ -15,9 +15,17 @@ from spade_async.rundir import RunDir, default_run_dir
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="spade train", description=__doc__)
     p.add_argument("config", help="TOML recipe, e.g. configs/cpu-demo.toml")
-    p.add_argument("--run-dir", help="run directory (an existing one resumes from its latest checkpoint)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set trainer.lr=1e-6 (repeatable)")
+    p.add_argument(
+        "--run-dir", help="run directory (an existing one resumes from its latest checkpoint)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set trainer.lr=1e-6 (repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true",
                    help="print the launch plan (every process, its GPUs, its command line) and exit")
     args = p.parse_args(argv)
@@ -33,7 +41,9 @@ def main(argv: list[str]) -> int:
         cfg = recipe.load(args.config, args.overrides)
         placement.check_devices(cfg)  # before the run directory is created
         if run_dir.root.exists() and any(run_dir.root.iterdir()):
-            raise ConfigError(f"run directory '{run_dir.root}' exists but holds no config.toml; pick another --run-dir")
+            raise ConfigError(
+                f"run directory '{run_dir.root}' exists but holds no config.toml; pick another --run-dir"
+            )
         run_dir.create().write_config(cfg)
     from spade_async.run import train
 

@@ -43,16 +43,24 @@ TOOL_SYSTEM = (
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     plays_nohint: Doc(int, "episodes per environment without the hint") = 16
     plays_hint: Doc(int, "episodes per environment with the hint (for regret)") = 16
-    train_on_hinted: Doc(bool, "also train the agent on hinted plays (privileged; off in SPADE)") = False
+    train_on_hinted: Doc(
+        bool, "also train the agent on hinted plays (privileged; off in SPADE)"
+    ) = False
     max_turns: Doc(int, "turns per episode before it is cut") = 25
     max_turn_tokens: Doc(int, "new tokens per agent turn") = 512
     max_episode_tokens: Doc(int, "tokens per episode, prompt and observations included") = 8192
     temperature: Doc(float, "agent sampling temperature") = 0.6
     top_p: Doc(float, "agent nucleus sampling") = 1.0
-    enable_thinking: Doc(bool | None, "thinking mode for templates that have it; None = template default") = None
-    thinking_fanout: Doc(bool, "one sample per turn, each carrying the whole episode's advantage") = False
+    enable_thinking: Doc(
+        bool | None, "thinking mode for templates that have it; None = template default"
+    ) = None
+    thinking_fanout: Doc(
+        bool, "one sample per turn, each carrying the whole episode's advantage"
+    ) = False
     success_threshold: Doc(float, "an outcome reward at or above this counts as a win") = 1.0
-    transcripts_per_step: Doc(int, "episode transcripts written under RUN_DIR/episodes each step") = 2
+    transcripts_per_step: Doc(
+        int, "episode transcripts written under RUN_DIR/episodes each step"
+    ) = 2
 
 
 class Episode(msgspec.Struct, kw_only=True):

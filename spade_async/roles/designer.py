@@ -30,7 +30,9 @@ from spade_async.rundir import RunDir
 
 
 class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    setting: Doc(Literal["games", "tool_use"], "environment setting the designer writes for") = "games"
+    setting: Doc(Literal["games", "tool_use"], "environment setting the designer writes for") = (
+        "games"
+    )
     skills: Doc(tuple[str, ...], "target skills the designer is asked for") = SKILLS
     skills_per_regen: Doc(int, "skills drawn for each regeneration") = 3
     prompts_per_skill: Doc(int, "designer prompts (each with its own document) per skill") = 2
@@ -39,7 +41,9 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_new_tokens: Doc(int, "designer reply length limit in tokens") = 4096
     repair_turns: Doc(int, "repair turns that feed a failing stage back (never trained)") = 0
     difficulty: Doc(str, "difficulty asked of the designer") = "challenging but solvable"
-    context: Doc(Literal["spade", "recent", "diverse"], "memory examples shown in the prompt") = "spade"
+    context: Doc(Literal["spade", "recent", "diverse"], "memory examples shown in the prompt") = (
+        "spade"
+    )
     use_corpus: Doc(bool, "ground prompts on corpus documents (ablation: no_corpus)") = True
     use_memory: Doc(bool, "show memory examples in prompts (ablation: no_memory)") = True
     code_head_lines: Doc(int, "lines of each memory example's code shown in the prompt") = 60

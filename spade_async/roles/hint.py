@@ -23,7 +23,9 @@ from spade_async.roles.prompts import HINT_SYSTEM, hint_prompt, leaks_solution
 
 
 class HintConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    enabled: Doc(bool, "generate hints (without them regret is 0 and only the plateau term counts)") = True
+    enabled: Doc(
+        bool, "generate hints (without them regret is 0 and only the plateau term counts)"
+    ) = True
     temperature: Doc(float, "hint sampling temperature") = 0.3
     max_new_tokens: Doc(int, "hint length limit in tokens") = 256
     retries: Doc(int, "regenerations after a leaking hint before it is dropped") = 2

@@ -67,9 +67,7 @@ def designer_prompt(
             "Ground the environment in the following document: take its entities, facts or "
             f"procedures as the environment's theme and data.\n\n<document>\n{document}\n</document>"
         )
-    parts.append(
-        "## Contract\n" + (TOOL_USE_CONTRACT if setting == "tool_use" else GAMES_CONTRACT)
-    )
+    parts.append("## Contract\n" + (TOOL_USE_CONTRACT if setting == "tool_use" else GAMES_CONTRACT))
     if positives:
         shown = "\n\n".join(
             f"# Example {i + 1} (agent win rate {w:.2f}, regret {r:.2f})\n{code}"
@@ -108,7 +106,9 @@ def hint_prompt(code: str) -> str:
     )
 
 
-def leaks_solution(hint: str, solution_actions: Sequence[str], expected_answer: str | None = None) -> bool:
+def leaks_solution(
+    hint: str, solution_actions: Sequence[str], expected_answer: str | None = None
+) -> bool:
     """True when the hint quotes the solution: its whole action sequence in order, or the answer.
 
     Actions are compared by payload (the text inside ``\\boxed{}`` / ``<answer>``) as whole

@@ -1,0 +1,179 @@
+"""The asynchronous schedule: generation and training overlap, with bounded staleness.
+
+Two tasks in one task group, joined by one bounded stream of ``Group``s (all plays of one
+environment at one policy snapshot):
+
+    producer: regenerate environments (every ``regen_interval`` versions) -> hints ->
+              play groups, at most ``groups_in_flight`` at once -> stream
+    consumer: take a step's worth of groups -> drop stale ones -> score -> samples ->
+              train step (trainer busy while the producer keeps generating) -> pause the
+              engines, push weights, resume -> log -> checkpoint
+
+The producer runs ahead of the trainer by at most the stream's capacity plus the groups in
+flight; a group whose oldest token is more than ``max_staleness`` versions behind the
+trainer is dropped (counted) and the rest are corrected by truncated importance sampling in
+the loss. The pieces are the same functions the sync schedule calls (``cycle.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+from spade_async import cycle
+from spade_async.batcher import agent_samples, drop_stale
+from spade_async.config import Doc
+from spade_async.errors import SpadeError
+from spade_async.roles.agent import EnvRef, Episode
+
+if TYPE_CHECKING:
+    from spade_async.runtime import Runtime
+
+
+class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    queue_groups: Doc(int, "bound of the stream of finished environment groups (backpressure)") = 8
+    groups_in_flight: Doc(int, "environment groups being played at once") = 8
+    groups_per_step: Doc(
+        int, "groups per trainer step; 0 = as many environments as a sync step plays"
+    ) = 0
+    pause_mode: Doc(str, "engine pause around a weight push: in_place | abort | retract") = (
+        "in_place"
+    )
+
+
+@dataclass
+class Group:
+    env: EnvRef | None  # None: the producer had nothing to play this round
+    episodes: list[Episode]
+
+    @property
+    def version(self) -> int:
+        return min((e.version for e in self.episodes if e.turn_versions), default=-1)
+
+
+class Shared:
+    """State the producer and consumer share (one event loop: no locks needed)."""
+
+    def __init__(self) -> None:
+        self.window = cycle.Window()
+        self.window_start = -1  # version at which the current window's environments were made
+        self.envs_per_step = 1
+        self.regen_wanted = anyio.Event()
+
+
+async def producer(
+    rt: Runtime, sh: Shared, send: ObjectSendStream[Group], stop: anyio.Event
+) -> None:
+    cfg, pc = rt.cfg, rt.cfg.pipeline
+    limiter = anyio.Semaphore(max(1, pc.groups_in_flight))
+    hints: dict[str, str | None] = {}
+    async with send, anyio.create_task_group() as tg:
+        while not stop.is_set():
+            st = rt.state
+            if cfg.designer_enabled and (
+                sh.window_start < 0 or st.version - sh.window_start >= cfg.regen_interval
+            ):
+                sh.window = cycle.Window(samples=await cycle.regenerate(rt, st.version))
+                sh.window_start = st.version
+                st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
+                hints = {}
+            envs = cycle.env_refs(rt, st.current_envs + cycle.replay(rt, cfg.replay_envs))
+            sh.envs_per_step = pc.groups_per_step or max(1, len(envs))
+            if not envs:  # nothing valid to play: an empty step (as in sync), then regenerate
+                if not cfg.designer_enabled:
+                    raise SpadeError(
+                        "memory holds no valid environment to replay; import a pool first"
+                    )
+                sh.window_start = -1
+                await send.send(Group(None, []))
+                continue
+            hints.update(await cycle.hints_for(rt, [e for e in envs if e.env_id not in hints]))
+            for env in envs:
+                await limiter.acquire()
+                if stop.is_set():
+                    limiter.release()
+                    break
+                tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter)
+
+
+async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter) -> None:
+    try:
+        async with send:
+            episodes = await cycle.play(rt, [env], hints, rt.state.version)
+            await send.send(Group(env, episodes))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the consumer is gone (shutdown): the group is an in-flight loss
+    finally:
+        limiter.release()
+
+
+async def consumer(
+    rt: Runtime, sh: Shared, recv: ObjectReceiveStream[Group], stop: anyio.Event
+) -> None:
+    cfg, st = rt.cfg, rt.state
+    while st.step < cfg.max_steps and not stop.is_set():
+        groups: list[Group] = []
+        while len(groups) < sh.envs_per_step:
+            g = await recv.receive()
+            if g.env is None:  # an empty round ends the step early
+                break
+            if st.version - g.version > cfg.max_staleness:
+                rt.meters.count("staleness/dropped", sum(1 for e in g.episodes if not e.hinted))
+                continue
+            groups.append(g)
+        episodes = [e for g in groups for e in g.episodes]
+        dists = await cycle.score(rt, episodes, sh.window if cfg.designer_enabled else None)
+        samples, zero_adv = agent_samples(episodes, cfg.agent)
+        designer_mean = None
+        window_ends = (
+            sh.window_start >= 0 and st.version + 1 - sh.window_start >= cfg.regen_interval
+        )
+        if cfg.designer_enabled and cfg.designer_train and window_ends and sh.window.samples:
+            designer, designer_mean = await cycle.designer_batch(rt, sh.window, len(samples))
+            samples += designer
+            sh.window.samples = []  # scored once
+        samples, stale = drop_stale(
+            samples,
+            version=st.version,
+            max_staleness=cfg.max_staleness,
+            designer_slack=cfg.regen_interval,
+        )
+        rt.meters.count("staleness/dropped", stale)
+        trained_at = st.version
+        train_metrics = await cycle.train_and_push(rt, samples, pause=True)
+        st.step += 1
+        cycle.write_transcripts(rt, episodes)
+        rt.tel.log(
+            st.step,
+            cycle.step_record(
+                rt,
+                episodes,
+                samples,
+                dists,
+                train_metrics,
+                zero_adv,
+                designer_mean,
+                trained_at,
+                {
+                    "stream/groups/fill": recv.statistics().current_buffer_used,
+                    "stream/groups/capacity": cfg.pipeline.queue_groups,
+                    "stream/memory_writes/fill": rt.writer.depth,
+                    "stream/memory_writes/capacity": cfg.memory.queue_size,
+                },
+            ),
+        )
+        if st.step % cfg.checkpoint_every == 0 or st.step == cfg.max_steps:
+            await rt.checkpoint()
+
+
+async def run_async(rt: Runtime, stop: anyio.Event) -> None:
+    send, recv = anyio.create_memory_object_stream[Group](rt.cfg.pipeline.queue_groups)
+    sh = Shared()
+    async with anyio.create_task_group() as tg, recv:
+        tg.start_soon(producer, rt, sh, send, stop)
+        await consumer(rt, sh, recv, stop)
+        tg.cancel_scope.cancel()

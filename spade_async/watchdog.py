@@ -1,0 +1,53 @@
+"""Tie a child process tree's life to the controller's: ``python -m spade_async.watchdog PID -- CMD``.
+
+Engines and trainer ranks are started through this wrapper, in their own session. It runs
+CMD, forwards SIGTERM/SIGINT to it, and when process PID (the controller) is gone -- even
+after ``kill -9``, which no handler sees -- it SIGKILLs its whole process group, so no
+engine or rank outlives the run. (``PR_SET_PDEATHSIG`` is not enough: it fires when the
+*thread* that spawned the child exits, and the controller spawns from worker threads.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def prefix(pid: int | None = None) -> list[str]:
+    """argv prefix that wraps a command in the watchdog for this (or the given) process."""
+    return [sys.executable, "-m", "spade_async.watchdog", str(pid or os.getpid()), "--"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m spade_async.watchdog PID -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    parent = int(argv[0])
+    child = subprocess.Popen(argv[2:])
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    while child.poll() is None:
+        if not _alive(parent):
+            if os.getpgrp() == os.getpid():  # session leader: take the whole tree down
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            child.kill()
+            return 137
+        time.sleep(0.5)
+    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
