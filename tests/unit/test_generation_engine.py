@@ -214,3 +214,25 @@ def test_health_and_routing(url):
     status, picks, res = _run(main)
     assert status == {url: True, dead: False}
     assert picks == {url} and res.url == url
+
+
+def test_logprobs_match_the_trainers_policy_model(url, tiny_model):
+    """Same weights through the trainer's own log-prob path (fused kernel), fp32, 1e-4."""
+    trainer_model = pytest.importorskip("spade_async.trainer.model")
+    prompt, temperature = PROMPTS[1], 0.6
+
+    async def main():
+        async with GenerationClient([url]) as client:
+            sp = SamplingParams(max_new_tokens=10, temperature=temperature, sampling_seed=3, ignore_eos=True)
+            return await client.generate(prompt, sp)
+
+    res = _run(main)
+    causal_lm, _ = load_causal_lm(str(tiny_model))
+    policy = trainer_model.PolicyModel(causal_lm, temperature)
+    ids = prompt + res.output_ids
+    ids_1T = torch.tensor([ids])
+    target_T = torch.tensor(ids[1:] + [0])
+    with torch.no_grad():
+        logprob_T = policy(ids_1T, torch.arange(len(ids)).unsqueeze(0), target_T)
+    trainer_lp = logprob_T[len(prompt) - 1 : len(ids) - 1]
+    assert torch.allclose(torch.tensor(res.logprobs), trainer_lp.float(), atol=1e-4)
