@@ -193,3 +193,19 @@ def test_cli_missing_gpus_exit_2_before_the_run_dir(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "has no GPU" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_of_a_run_directory_shows_the_resume(tmp_path, monkeypatch):
+    from spade_async.rundir import RunDir
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    cfg = _load()
+    rd = RunDir(tmp_path / "run").create()
+    rd.write_config(cfg)
+    (rd.checkpoint(7)).mkdir()
+    (rd.checkpoint(7) / "DONE").write_text("")
+    rd.hf.mkdir()
+    text = placement.describe(recipe.load(rd.config), rd.root)
+    assert f"--load {rd.checkpoint(7)}" in text  # trainer resumes from the checkpoint
+    assert f"--model-path {rd.hf}" in text  # engines serve the checkpoint's export
+    assert "GPU(s)" not in text  # all eight present
