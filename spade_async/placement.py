@@ -140,8 +140,11 @@ def _check_tp(cfg: Config) -> None:
     path = Path(cfg.model).expanduser() / "config.json"
     if cfg.engine.kind != "sglang" or not path.is_file():
         return
-    hf = json.loads(path.read_text())
-    hf = hf.get("text_config", hf)
+    try:
+        hf = json.loads(path.read_text())
+        hf = hf.get("text_config", hf)
+    except (OSError, ValueError, AttributeError):
+        return  # not a readable HF config: resolve_model reports the directory at start
     heads, kv = hf.get("num_attention_heads"), hf.get("num_key_value_heads")
     for i, group in enumerate(cfg.engine.gpus):
         tp = len(group)
