@@ -86,13 +86,15 @@ class TorchRowOps:
         if not entropy:
             lse_C = torch.logsumexp(z_CV, dim=-1)
             return z_CV.gather(1, target_C1).squeeze(1) - lse_C, lse_C, None
+        z_target_C = z_CV.gather(1, target_C1).squeeze(1)
         max_C1 = z_CV.amax(dim=-1, keepdim=True)
-        e_CV = (z_CV - max_C1).exp_()  # C x V temporary
+        zs_CV = z_CV.sub_(max_C1)  # shifted in place: z - max <= 0
+        e_CV = zs_CV.exp()  # C x V temporary
         sum_C = e_CV.sum(-1)
-        ez_C = torch.linalg.vecdot(e_CV, z_CV)  # sum_v e * z without a product buffer
+        ezs_C = torch.linalg.vecdot(e_CV, zs_CV)  # sum_v e * (z - max)
         lse_C = max_C1.squeeze(1) + sum_C.log()
-        entropy_C = lse_C - ez_C / sum_C
-        return z_CV.gather(1, target_C1).squeeze(1) - lse_C, lse_C, entropy_C
+        entropy_C = sum_C.log() - ezs_C / sum_C  # centred on max: no cancellation
+        return z_target_C - lse_C, lse_C, entropy_C
 
     def backward_(self, logits_CV, target_C, lse_C, entropy_C, g_lp_C, g_ent_C, inv_temp):
         # d/dz: g_lp * (onehot - p) + g_ent * (-p * (log p + H)); z = logits * inv_temp.

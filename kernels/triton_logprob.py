@@ -42,7 +42,7 @@ def _row_stats_fwd(
     base = logits_ptr + row * stride_row
     m = tl.full((), float("-inf"), tl.float32)  # running max of z
     s = tl.zeros((), tl.float32)  # sum exp(z - m)
-    t = tl.zeros((), tl.float32)  # sum exp(z - m) * z
+    t = tl.zeros((), tl.float32)  # sum exp(z - m) * (z - m), centred: no cancellation
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         valid = cols < V
@@ -51,9 +51,11 @@ def _row_stats_fwd(
         m_new = tl.maximum(m, tl.max(tl.where(valid, z, float("-inf")), 0))
         scale = tl.exp(m - m_new)
         e = tl.where(valid, tl.exp(z - m_new), 0.0)
-        s = s * scale + tl.sum(e, 0)
         if HAS_ENTROPY:
-            t = t * scale + tl.sum(e * z, 0)
+            # Re-centre t from m to m_new; the clamp keeps 0 * (-inf) out of the first step.
+            shift = tl.maximum(m - m_new, -1e30)
+            t = scale * (t + s * shift) + tl.sum(e * (z - m_new), 0)
+        s = s * scale + tl.sum(e, 0)
         m = m_new
     lse = m + tl.log(s)
     target = tl.load(target_ptr + row)
@@ -61,7 +63,7 @@ def _row_stats_fwd(
     tl.store(logprob_ptr + row, z_y - lse)
     tl.store(lse_ptr + row, lse)
     if HAS_ENTROPY:
-        tl.store(entropy_ptr + row, lse - t / s)
+        tl.store(entropy_ptr + row, tl.log(s) - t / s)
 
 
 @triton.jit

@@ -134,3 +134,18 @@ def test_bad_shapes_and_triton_on_cpu_raise(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         K.linear_logprob(h, w, y, backend="triton")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_entropy_accurate_for_large_logits(temperature):
+    # Logits with std ~50 / temperature: entropy is centred on the row max, not lse - E[z].
+    g = torch.Generator().manual_seed(6)
+    h = 4 * torch.randn(32, 64, generator=g)
+    w = torch.randn(1000, 64, generator=g)
+    y = torch.randint(0, 1000, (32,), generator=g)
+    lp, ent = K.linear_logprob(h, w, y, temperature=temperature, return_entropy=True)
+    lp64, ent64 = linear_logprob_ref(
+        h.double(), w.double(), y, temperature=temperature, return_entropy=True
+    )
+    torch.testing.assert_close(ent.double(), ent64, rtol=0, atol=2e-5)
+    torch.testing.assert_close(lp.double(), lp64, rtol=1e-6, atol=2e-4)
