@@ -12,7 +12,7 @@ old version and puts those of the new one, and a consistency check can recompute
 | ctx      | skill \\0 too_easy / too_hard     | id (dupsort)                | uniform pick by id      |
 | recent   | skill \\0 created-ns + id          | b""                         | valid originals         |
 | recent   | \\1 created-ns + id                | b""                         | all skills              |
-| replay   | inv-regret + id                  | last version (8 bytes)      | valid originals         |
+| replay   | inv-regret + id + last version   | b""                         | valid originals         |
 | bands    | LSH band key                     | id (dupsort)                | valid originals         |
 """
 
@@ -29,7 +29,7 @@ INDEXES = ("skill", "status", "band", "ctx", "recent", "replay")  # derived from
 Entry = tuple[str, bytes, bytes]
 ALL_SKILLS = b"\x01"
 _U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
+_I64 = struct.Struct(">q")  # last version; -1 when never played
 
 
 def inv_regret(regret: float) -> bytes:
@@ -38,17 +38,8 @@ def inv_regret(regret: float) -> bytes:
     return _U64.pack(0xFFFF_FFFF_FFFF_FFFF - bits)
 
 
-def regret_of(inv: bytes) -> float:
-    bits = 0xFFFF_FFFF_FFFF_FFFF - _U64.unpack(inv[:8])[0]
-    return struct.unpack(">d", struct.pack(">Q", bits))[0]
-
-
 def pack_version(version: int | None) -> bytes:
     return _I64.pack(-1 if version is None else version)
-
-
-def unpack_version(data: bytes) -> int:
-    return _I64.unpack(data)[0]
 
 
 def ctx_key(skill: str, cls: str) -> bytes:
@@ -72,7 +63,7 @@ def entries(rec: EnvRecord, bounds: dict[str, float]) -> set[Entry]:
     last = (
         rec.stats.last_version if rec.stats.last_version is not None else rec.origin.policy_version
     )
-    out.add(("replay", inv_regret(regret) + rid, pack_version(last)))
+    out.add(("replay", inv_regret(regret) + rid + pack_version(last), b""))
     cls = ctx_class(rec, **bounds)
     if cls == "positive":
         out.add(("ctx", ctx_key(rec.skill, cls), inv_regret(regret) + rid))

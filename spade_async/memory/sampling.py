@@ -143,6 +143,7 @@ class _ReplayBuffer(msgspec.Struct):
     txnid: int
     ids: np.ndarray  # uint8[B, 64]: hex ids, regret-descending
     last: np.ndarray  # int64[B]: last policy version that played each one
+    p_rank: np.ndarray  # float64[B]: rank prioritisation (1 / rank) ** (1 / beta), normalised
 
 
 def _replay_buffer(store: MemoryStore) -> _ReplayBuffer:
@@ -150,13 +151,14 @@ def _replay_buffer(store: MemoryStore) -> _ReplayBuffer:
     cached = store.cache.get("replay")
     if cached is not None and cached.txnid == txnid:
         return cached  # nothing was committed since: reuse the arrays
-    with store.read() as txn:
-        items = list(
-            itertools.islice(txn.cursor(store.db["replay"]).iternext(), store.config.replay_buffer)
-        )
-    keys = np.frombuffer(b"".join(k for k, _ in items), dtype=np.uint8).reshape(len(items), -1)
-    last = np.frombuffer(b"".join(v for _, v in items), dtype=">i8").astype(np.int64)
-    buf = _ReplayBuffer(txnid=txnid, ids=keys[:, 8:], last=last)
+    with store.read() as txn:  # keys only (inv-regret 8 + id 64 + version 8): one C-level join
+        cur = txn.cursor(store.db["replay"])
+        blob = b"".join(itertools.islice(cur.iternext(values=False), store.config.replay_buffer))
+    rows = np.frombuffer(blob, dtype=np.uint8).reshape(-1, 80)
+    last = rows[:, 72:].copy().view(">i8").astype(np.int64).reshape(-1)
+    rank = np.arange(1, len(rows) + 1, dtype=np.float64)  # index order is regret-descending
+    score = (1.0 / rank) ** (1.0 / store.config.replay_temperature)
+    buf = _ReplayBuffer(txnid=txnid, ids=rows[:, 8:72], last=last, p_rank=score / score.sum())
     store.cache["replay"] = buf
     return buf
 
@@ -176,13 +178,10 @@ def replay_sample(
     size = len(buf.last)
     if size == 0:
         return []
-    rank = np.arange(1, size + 1, dtype=np.float64)  # index order is regret-descending
-    score = (1.0 / rank) ** (1.0 / cfg.replay_temperature)
-    p_score = score / score.sum()
     stale = np.maximum(version - buf.last, 0).astype(np.float64)
     total = stale.sum()
     p_stale = stale / total if total > 0 else np.full(size, 1.0 / size)
-    p = (1.0 - cfg.replay_staleness) * p_score + cfg.replay_staleness * p_stale
+    p = (1.0 - cfg.replay_staleness) * buf.p_rank + cfg.replay_staleness * p_stale
     p /= p.sum()
     m = min(n, int(np.count_nonzero(p)))
     picks = rng.choice(size, size=m, replace=False, p=p)

@@ -20,13 +20,24 @@ SKILL = "Logical_Deduction"
 def store(tmp_path):
     """30 environments of SKILL with known no-hint win rates and regrets, 5 of another."""
     s = MemoryStore(tmp_path / "m")
-    recs = [record(i, skill=SKILL) for i in range(30)] + [record(i, skill="Other") for i in range(30, 35)]
+    recs = [record(i, skill=SKILL) for i in range(30)] + [
+        record(i, skill="Other") for i in range(30, 35)
+    ]
     s.apply([PutOp(record=r) for r in recs])
     ops = []
     for i, r in enumerate(recs):
         wins = [8, 16, 0][i % 3] if i < 30 else 8  # positive / too easy / too hard
-        ops.append(StatsOp(env_id=r.id, plays_nohint=16, wins_nohint=wins, plays_hint=16,
-                           wins_hint=16, regret=i / 100, version=i))
+        ops.append(
+            StatsOp(
+                env_id=r.id,
+                plays_nohint=16,
+                wins_nohint=wins,
+                plays_hint=16,
+                wins_hint=16,
+                regret=i / 100,
+                version=i,
+            )
+        )
     s.apply(ops)
     s.recs = recs
     yield s
@@ -44,7 +55,8 @@ def test_spade_rule_positives_by_regret_and_named_negative(store):
     assert (neg > 0.9) if ex[2].role == "too_easy" else (neg < 0.1)
     picks = collections.Counter(
         sampling.designer_context(store, SKILL, rng=np.random.default_rng(k))[2].record.id
-        for k in range(60))
+        for k in range(60)
+    )
     assert len(picks) > 5  # negatives are drawn at random, not always the same one
 
 
@@ -84,4 +96,7 @@ def test_replay_marks_reset_staleness(store):
     assert len(set(ids)) == 3
     assert store.apply([ReplayOp(env_ids=ids, version=50)]) == [3]
     assert all(store.get(i).stats.times_replayed == 1 for i in ids)
+    buf = sampling._replay_buffer(store)  # rebuilt after the commit, versions from the index
+    last = {row.tobytes().decode(): int(v) for row, v in zip(buf.ids, buf.last, strict=True)}
+    assert all(last[i] == 50 for i in ids) and len(last) == 35
     assert store.check_consistency() == []
