@@ -24,7 +24,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 child_only = pytest.mark.skipif(
     not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child of test_under_interpreter"
 )
-N_CHILD_TESTS = 5
+N_CHILD_TESTS = 6
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent")
@@ -93,6 +93,20 @@ def test_dispatch_backend_triton_without_entropy(interp):
     (g_ref,) = torch.autograd.grad(ref.sum(), (w,))
     torch.testing.assert_close(lp.detach(), ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g_w, g_ref, rtol=1e-5, atol=1e-5)
+
+
+@child_only
+def test_triton_entropy_accurate_for_large_logits(interp):
+    g = torch.Generator().manual_seed(6)
+    h = 4 * torch.randn(8, 64, generator=g)
+    w = torch.randn(300, 64, generator=g)
+    y = torch.randint(0, 300, (8,), generator=g)
+    lp, ent = K.linear_logprob(h, w, y, temperature=0.6, return_entropy=True, backend="triton")
+    lp64, ent64 = linear_logprob_ref(
+        h.double(), w.double(), y, temperature=0.6, return_entropy=True
+    )
+    torch.testing.assert_close(ent.double(), ent64, rtol=0, atol=2e-5)
+    torch.testing.assert_close(lp.double(), lp64, rtol=1e-6, atol=2e-4)
 
 
 @pytest.mark.gpu
