@@ -115,12 +115,15 @@ class MemoryStore:
         if self.readonly:
             return
         want = msgspec.json.encode(self.config.bounds())
-        with self._write_txn() as txn:
-            txn.put(b"schema_version", str(SCHEMA_VERSION).encode(), db=self.db["meta"])
         if bounds is not None and bounds != want:
-            self.rebuild_indexes()  # thresholds changed: the class index must follow
-        with self._write_txn() as txn:
-            txn.put(b"bounds", want, db=self.db["meta"])
+            self.rebuild_indexes()  # win-rate class thresholds changed: the ctx index follows
+        if raw is None or bounds != want:
+
+            def stamp(txn: lmdb.Transaction) -> None:
+                txn.put(b"schema_version", str(SCHEMA_VERSION).encode(), db=self.db["meta"])
+                txn.put(b"bounds", want, db=self.db["meta"])
+
+            self._write(stamp)
 
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:
@@ -143,19 +146,44 @@ class MemoryStore:
         """Apply ``batch`` in one durable transaction; grow the map and retry when full."""
         if self.readonly:
             raise ConfigError(f"memory '{self.path}' is open read-only")
+        return self._write(lambda txn: [ops.apply_one(self, txn, op) for op in batch])
+
+    def _write(self, fn):
         while True:
             try:
                 with self._write_txn() as txn:
-                    return [ops.apply_one(self, txn, op) for op in batch]
-            except lmdb.MapFullError:
+                    return fn(txn)
+            except lmdb.MapFullError:  # the txn was aborted: double the map, run it again
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
 
     # -- convenience writes (synchronous; the controller goes through MemoryWriter) -----
     def put(self, record: EnvRecord, signature: bytes | None = None) -> ops.PutResult:
         return self.apply([ops.PutOp(record=record, signature=signature)])[0]
 
-    def update_stats(self, env_id: str, **kw) -> EnvRecord | None:
-        return self.apply([ops.StatsOp(env_id=env_id, **kw)])[0]
+    def update_stats(
+        self,
+        env_id: str,
+        *,
+        plays_hint: int = 0,
+        wins_hint: float = 0.0,
+        plays_nohint: int = 0,
+        wins_nohint: float = 0.0,
+        regret: float | None = None,
+        designer_reward: float | None = None,
+        version: int | None = None,
+    ) -> EnvRecord | None:
+        """Accumulate one window's play into ``env_id``'s stats (None if it is unknown)."""
+        op = ops.StatsOp(
+            env_id=env_id,
+            plays_hint=plays_hint,
+            wins_hint=wins_hint,
+            plays_nohint=plays_nohint,
+            wins_nohint=wins_nohint,
+            regret=regret,
+            designer_reward=designer_reward,
+            version=version,
+        )
+        return self.apply([op])[0]
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, env_id: str, txn: lmdb.Transaction | None = None) -> EnvRecord | None:
@@ -267,8 +295,11 @@ class MemoryStore:
 
     def rebuild_indexes(self) -> None:
         entries = self.expected_entries()
-        with self._write_txn() as txn:
+
+        def rebuild(txn: lmdb.Transaction) -> None:
             for t in ix.INDEXES:
                 txn.drop(self.db[t], delete=False)
             for t, k, v in entries:
                 txn.put(k, v, db=self.db[t])
+
+        self._write(rebuild)

@@ -47,6 +47,18 @@ def test_update_stats_accumulates_and_moves_indexes(tmp_path):
         assert store.check_consistency() == []
 
 
+def test_changed_class_thresholds_rebuild_the_index(tmp_path):
+    with MemoryStore(tmp_path / "m") as store:
+        rec = record(1)
+        store.put(rec)
+        store.update_stats(rec.id, plays_nohint=10, wins_nohint=3, regret=0.1)
+        assert store.count("ctx", b"Logical_Deduction\x00positive") == 1
+    with MemoryStore(tmp_path / "m", MemoryConfig(positive_low=0.4, too_hard_below=0.35)) as store:
+        assert store.count("ctx", b"Logical_Deduction\x00positive") == 0
+        assert store.count("ctx", b"Logical_Deduction\x00too_hard") == 1
+        assert store.check_consistency() == []
+
+
 def test_map_grows_on_demand(tmp_path):
     cfg = MemoryConfig(initial_map_mib=1)
     with MemoryStore(tmp_path / "m", cfg) as store:
