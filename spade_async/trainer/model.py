@@ -36,7 +36,14 @@ class PolicyModel(nn.Module):
         target_T: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         return_entropy: bool = False,
+        index_K: torch.Tensor | None = None,
     ):
+        """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32.
+
+        ``index_K`` restricts the vocab projection to K positions (the loss tokens): the
+        others come back as 0 without ever touching the [*, V] head, which is most of the
+        cost when observations and prompts dominate an episode.
+        """
         out = self.causal_lm.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -45,15 +52,28 @@ class PolicyModel(nn.Module):
         )
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
+        if index_K is None:
+            out = linear_logprob(
+                hidden_TD,
+                weight_VD,
+                target_T,
+                temperature=self.temperature,
+                return_entropy=return_entropy,
+            )
+            # FSDP's pre-backward hook must not sit on a view: return fresh [T] tensors.
+            return tuple(t.clone() for t in out) if return_entropy else out.clone()
         out = linear_logprob(
-            hidden_TD,
+            hidden_TD[index_K],
             weight_VD,
-            target_T,
+            target_T[index_K],
             temperature=self.temperature,
             return_entropy=return_entropy,
         )
-        # FSDP's pre-backward hook must not sit on a view: return fresh [T] tensors.
-        return tuple(t.clone() for t in out) if return_entropy else out.clone()
+        zeros_T = hidden_TD.new_zeros(target_T.shape[0], dtype=torch.float32)
+        scatter = [
+            zeros_T.index_put((index_K,), t.float()) for t in (out if return_entropy else (out,))
+        ]
+        return tuple(scatter) if return_entropy else scatter[0]
 
 
 def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:

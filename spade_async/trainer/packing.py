@@ -35,6 +35,7 @@ class MicroBatch:
     rollout_logprob_T: torch.Tensor  # engine log-prob of the target (fp32), 0 where unused
     seq_T: torch.Tensor  # global sample index of each position, -1 on padding (long)
     local_seq_T: torch.Tensor  # sample index within this micro-batch, 0 on padding (long)
+    loss_index_K: torch.Tensor  # positions with a loss token (at least one: [0] if none)
     n_tokens: int  # real (non-padding) tokens
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -121,7 +122,17 @@ def build_microbatch(
         z = torch.zeros(1, 2, dtype=torch.long)
         f = torch.zeros(2)
         return MicroBatch(
-            z, torch.arange(2).unsqueeze(0), None, z[0], f, f, f, torch.full((2,), -1), z[0], 0
+            z,
+            torch.arange(2).unsqueeze(0),
+            None,
+            z[0],
+            f,
+            f,
+            f,
+            torch.full((2,), -1),
+            z[0],
+            torch.zeros(1, dtype=torch.long),
+            0,
         )
     seqs = [samples[i] for i in indices]
     rows = [len(s.token_ids) for s in seqs]
@@ -161,6 +172,14 @@ def build_microbatch(
         "seq_T": seq,
         "local_seq_T": loc,
     }
+    index_K = msk.reshape(-1).nonzero().squeeze(1)
+    if index_K.numel() == 0:  # keep one position so backward still reaches every layer
+        index_K = torch.zeros(1, dtype=torch.long)
     return MicroBatch(
-        ids, pos, att, n_tokens=sum(rows), **{k: v.reshape(-1) for k, v in flat.items()}
+        ids,
+        pos,
+        att,
+        n_tokens=sum(rows),
+        loss_index_K=index_K,
+        **{k: v.reshape(-1) for k, v in flat.items()},
     )

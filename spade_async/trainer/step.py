@@ -78,6 +78,7 @@ class Trainer:
             mb.target_T,
             mb.attention_mask,
             return_entropy=want_entropy,
+            index_K=mb.loss_index_K,
         )
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T

@@ -55,6 +55,8 @@ def test_packed_logprobs_equal_unpacked(tiny_model):
         mb = build_microbatch(samples, list(range(5)), packed=True)
         assert mb.input_ids.shape[0] == 1 and mb.position_ids[0, 0] == 0
         packed_T = policy(mb.input_ids, mb.position_ids, mb.target_T)
+        only_loss_T = policy(mb.input_ids, mb.position_ids, mb.target_T, index_K=mb.loss_index_K)
+        torch.testing.assert_close(only_loss_T, packed_T * mb.mask_T, atol=1e-6, rtol=1e-6)
         padded = build_microbatch(samples, list(range(5)), packed=False)
         padded_T = policy(padded.input_ids, padded.position_ids, padded.target_T,
                           padded.attention_mask)
