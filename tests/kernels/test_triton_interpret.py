@@ -19,21 +19,22 @@ import spade_kernels as K
 import torch
 from spade_kernels.reference import linear_logprob_ref
 
-T, V, D = 47, 123, 31
+T, V, D = 19, 123, 31  # interpreter runs one Python program per row: keep T small
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 child_only = pytest.mark.skipif(
     not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child of test_under_interpreter"
 )
-N_CHILD_TESTS = 6
+N_CHILD_TESTS = 5
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent")
+@pytest.mark.timeout(300)  # ~10 s on an idle 2-core box; generous for a loaded one
 def test_under_interpreter():
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=110)
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=280)
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     m = re.search(r"(\d+) passed", r.stdout)
@@ -65,16 +66,18 @@ def _loss_and_grads(fn, h, w, y, **kw):
 
 
 @child_only
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(
+    "dtype, tol, temperature",
+    [(torch.float32, 1e-5, 1.0), (torch.float32, 1e-5, 0.7), (torch.bfloat16, 3e-2, 0.7)],
+)
 def test_triton_rows_match_reference(interp, dtype, tol, temperature):
     from spade_kernels.logprob import ChunkedLinearLogprob
 
     h, w, y = _inputs(dtype)
-    ops = interp.TritonRowOps(block_v=32, num_warps=1)  # V=123 spans 4 blocks, last partial
+    ops = interp.TritonRowOps(block_v=64, num_warps=1)  # V=123: 2 blocks, last partial
 
     def fused(h, w, y, return_entropy):
-        return ChunkedLinearLogprob.apply(h, w, y, temperature, return_entropy, 10, ops)
+        return ChunkedLinearLogprob.apply(h, w, y, temperature, return_entropy, 7, ops)
 
     got = _loss_and_grads(fused, h, w, y)
     ref = _loss_and_grads(linear_logprob_ref, h, w, y, temperature=temperature)
@@ -87,7 +90,7 @@ def test_triton_rows_match_reference(interp, dtype, tol, temperature):
 @child_only
 def test_dispatch_backend_triton_without_entropy(interp):
     h, w, y = _inputs(torch.float32, seed=2)
-    lp = K.linear_logprob(h, w, y, chunk_size=16, backend="triton")
+    lp = K.linear_logprob(h, w, y, chunk_size=8, backend="triton")
     (g_w,) = torch.autograd.grad(lp.sum(), (w,))
     ref = linear_logprob_ref(h, w, y)
     (g_ref,) = torch.autograd.grad(ref.sum(), (w,))
