@@ -10,7 +10,8 @@ This package never imports spade_async.
 
 from __future__ import annotations
 
+from . import reference
 from .dispatch import linear_logprob, triton_available
 from .loss import AGGREGATIONS, policy_loss
 
-__all__ = ["AGGREGATIONS", "linear_logprob", "policy_loss", "triton_available"]
+__all__ = ["AGGREGATIONS", "linear_logprob", "policy_loss", "reference", "triton_available"]
