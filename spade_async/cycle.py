@@ -245,7 +245,7 @@ async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[lis
 
 
 def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
-    for i, ep in enumerate(episodes[: rt.cfg.agent.transcripts_per_step]):
+    for i, ep in enumerate(episodes[: rt.cfg.telemetry.episodes_per_step]):
         rt.run_dir.save_transcript(f"step-{rt.state.step:05d}-{i}", transcript(ep))
 
 

@@ -30,9 +30,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     count: Doc(int, "CPU engines to start (kind = cpu)") = 1
     threads: Doc(int, "torch threads per CPU engine; 0 = torch's default") = 0
     dtype: Doc(str, "CPU engine weights dtype") = "float32"
-    gpus: Doc(list[list[int]], "kind = sglang: GPU ids, one list per server (its TP group); see placement.py") = (
-        msgspec.field(default_factory=list)
-    )
+    gpus: Doc(
+        list[list[int]],
+        "kind = sglang: GPU ids, one list per server (its TP group); see placement.py",
+    ) = msgspec.field(default_factory=list)
     mem_fraction_static: Doc(float, "SGLang memory fraction for weights + KV cache") = 0.8
     extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
     base_port: Doc(int, "first engine port (0 = pick free ports)") = 0
@@ -121,13 +122,7 @@ async def running_engines(
 
 
 def kill_now(procs: list[SGLangServer]) -> None:
-    """SIGKILL every engine's process group (the second Ctrl-C)."""
-    import os
-    import signal
-
+    """SIGKILL every engine's process tree (the second Ctrl-C)."""
     for p in procs:
         if p.process is not None and p.process.returncode is None:
-            try:
-                os.killpg(p.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            watchdog.kill_tree(p.process.pid)

@@ -217,8 +217,10 @@ def trainer_process(
     """The trainer's torchrun process as the placement says: ranks, threads, visible GPUs."""
     from spade_async.trainer.launch import TrainerProcess
 
+    from spade_async import watchdog
+
     pl = cfg.placement
-    return TrainerProcess(
+    proc = TrainerProcess(
         cfg.trainer,
         model_dir,
         run_dir,
@@ -227,6 +229,8 @@ def trainer_process(
         threads=pl.trainer_threads,
         env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in pl.trainer_gpus)},
     )
+    proc.cmd = watchdog.prefix() + proc.cmd  # the ranks die with the controller, even on kill -9
+    return proc
 
 
 def launch_plan(

@@ -103,7 +103,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     client: Doc(ClientConfig, "generation client") = _s(ClientConfig)
     trainer: Doc(TrainerConfig, "FSDP2 trainer ranks") = _s(TrainerConfig)
     telemetry: Doc(TelemetryConfig, "metrics and dashboard") = _s(TelemetryConfig)
-    placement: Doc(PlacementConfig, "GPU placement of engines and trainer ranks") = _s(PlacementConfig)
+    placement: Doc(PlacementConfig, "GPU placement of engines and trainer ranks") = _s(
+        PlacementConfig
+    )
     pipeline: Doc(PipelineConfig, "async schedule: streams and concurrency") = _s(PipelineConfig)
 
 
@@ -115,9 +117,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"config key 'mode' = {mode!r}: expected one of {', '.join(MODES)}")
     base = apply_overrides({}, MODES[mode])
     cfg = convert(Config, _merge(base, data))
-    if "temperature" not in data.get("trainer", {}):  # train under the rollout distribution
-        trainer = msgspec.structs.replace(cfg.trainer, temperature=cfg.agent.temperature)
-        cfg = msgspec.structs.replace(cfg, trainer=trainer)
+    # the trainer follows the run: its model, and the rollout sampling temperature
+    given = data.get("trainer", {})
+    derived = {"temperature": cfg.agent.temperature, "model": cfg.model}
+    derived = {k: v for k, v in derived.items() if k not in given}
+    if derived:
+        cfg = msgspec.structs.replace(cfg, trainer=msgspec.structs.replace(cfg.trainer, **derived))
     check(cfg)
     return cfg
 

@@ -75,7 +75,8 @@ class Runtime:
         from spade_async.engines import kill_now
 
         kill_now(self.engines)
-        self.trainer_proc.kill()
+        if self.trainer_proc.proc is not None:
+            watchdog.kill_tree(self.trainer_proc.proc.pid)
 
     async def checkpoint(self) -> Path:
         """Trainer state (DCP) + HF export + controller state; ``DONE`` marks it complete."""
@@ -125,9 +126,6 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         proc = trainer_process(  # ranks, threads and CUDA_VISIBLE_DEVICES from cfg.placement
             cfg, model_dir, run_dir.root, load=str(resumed[1]) if resumed is not None else None
         )
-        proc.cmd = (
-            watchdog.prefix() + proc.cmd
-        )  # the ranks die with the controller, even on kill -9
         stack.callback(proc.stop)  # runs after the task group below has exited
         tg = await stack.enter_async_context(anyio.create_task_group())
         writer = MemoryWriter(store)

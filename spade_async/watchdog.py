@@ -21,6 +21,42 @@ def prefix(pid: int | None = None) -> list[str]:
     return [sys.executable, "-m", "spade_async.watchdog", str(pid or os.getpid()), "--"]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first found by ppid, then theirs), read
+    from /proc: torchrun and SGLang start workers in new sessions, out of reach of killpg."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s descendants, then ``pid`` (and its process group when it leads one)."""
+    for c in reversed(descendants(pid)):
+        try:
+            os.kill(c, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -41,9 +77,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     while child.poll() is None:
         if not _alive(parent):
-            if os.getpgrp() == os.getpid():  # session leader: take the whole tree down
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            child.kill()
+            kill_tree(child.pid)
             return 137
         time.sleep(0.5)
     return child.returncode if child.returncode >= 0 else 128 - child.returncode

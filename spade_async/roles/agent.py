@@ -58,9 +58,6 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         bool, "one sample per turn, each carrying the whole episode's advantage"
     ) = False
     success_threshold: Doc(float, "an outcome reward at or above this counts as a win") = 1.0
-    transcripts_per_step: Doc(
-        int, "episode transcripts written under RUN_DIR/episodes each step"
-    ) = 2
 
 
 class Episode(msgspec.Struct, kw_only=True):

@@ -22,14 +22,28 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
         shutil.copy(EXAMPLES / name, pool / name)
     shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")  # varied rewards
     overrides = [
-        f"mode={mode}", f"model='{tiny_model}'", "max_steps=2", "regen_interval=2",
-        "replay_envs=3", "initial_memory=''", f"fixed_pool='{pool}'", "checkpoint_every=1",
-        "designer.skills_per_regen=1", "designer.prompts_per_skill=1",
-        "designer.samples_per_prompt=2", "designer.max_new_tokens=24",
-        "hint.max_new_tokens=8", "hint.retries=0",
-        "agent.plays_nohint=3", "agent.plays_hint=2", "agent.max_turns=2",
-        "agent.max_turn_tokens=6", "corpus.max_words=50", "trainer.micro_batch_tokens=1024",
-        "telemetry.dashboard='off'", "envs.max_workers=4",
+        f"mode={mode}",
+        f"model='{tiny_model}'",
+        "max_steps=2",
+        "regen_interval=2",
+        "replay_envs=3",
+        "initial_memory=''",
+        f"fixed_pool='{pool}'",
+        "checkpoint_every=1",
+        "designer.skills_per_regen=1",
+        "designer.prompts_per_skill=1",
+        "designer.samples_per_prompt=2",
+        "designer.max_new_tokens=24",
+        "hint.max_new_tokens=8",
+        "hint.retries=0",
+        "agent.plays_nohint=3",
+        "agent.plays_hint=2",
+        "agent.max_turns=2",
+        "agent.max_turn_tokens=6",
+        "corpus.max_words=50",
+        "trainer.micro_batch_tokens=1024",
+        "telemetry.dashboard='off'",
+        "envs.max_workers=4",
     ] + [f"{k}={v}" for k, v in extra.items()]
     return recipe.load(None, overrides)
 
@@ -45,5 +59,3 @@ def _run(cfg: recipe.Config, run_dir: RunDir) -> None:
 def _steps(run_dir: RunDir) -> list[dict]:
     lines = run_dir.metrics.read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == "step"]
-
-

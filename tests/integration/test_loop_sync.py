@@ -43,14 +43,28 @@ def test_end_to_end_learning(tiny_model, tmp_path):
     pool = tmp_path / "pool"
     pool.mkdir()
     shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
-    cfg = recipe.load(None, [
-        "mode='fixed_pool'", f"model='{tiny_model}'", "max_steps=30", "replay_envs=1",
-        "initial_memory=''", f"fixed_pool='{pool}'", "checkpoint_every=100",
-        "agent.plays_nohint=32", "agent.max_turns=1", "agent.max_turn_tokens=2",
-        "agent.temperature=1.0", "agent.transcripts_per_step=0", "trainer.lr=5e-2",
-        "trainer.micro_batch_tokens=4096", "telemetry.dashboard='off'", "envs.max_workers=2",
-        "max_concurrent_episodes=32",
-    ])
+    cfg = recipe.load(
+        None,
+        [
+            "mode='fixed_pool'",
+            f"model='{tiny_model}'",
+            "max_steps=30",
+            "replay_envs=1",
+            "initial_memory=''",
+            f"fixed_pool='{pool}'",
+            "checkpoint_every=100",
+            "agent.plays_nohint=32",
+            "agent.max_turns=1",
+            "agent.max_turn_tokens=2",
+            "agent.temperature=1.0",
+            "telemetry.episodes_per_step=0",
+            "trainer.lr=5e-2",
+            "trainer.micro_batch_tokens=4096",
+            "telemetry.dashboard='off'",
+            "envs.max_workers=2",
+            "max_concurrent_episodes=32",
+        ],
+    )
     run_dir = RunDir(tmp_path / "run")
 
     class Done(Exception):

@@ -18,16 +18,28 @@ def _batch(step: int) -> Batch:
         n = 6 + 3 * i
         ids = torch.randint(0, 49152, (n,), generator=g).tolist()
         mask = [0] * 3 + [1] * (n - 3)
-        samples.append(Sample(token_ids=ids, loss_mask=mask, advantage=float(i) - 1.5,
-                              rollout_logprobs=[-10.5 * m for m in mask]))
+        samples.append(
+            Sample(
+                token_ids=ids,
+                loss_mask=mask,
+                advantage=float(i) - 1.5,
+                rollout_logprobs=[-10.5 * m for m in mask],
+            )
+        )
     return Batch(samples=samples)
 
 
 def _cfg(model) -> TrainerConfig:
     # warm-up + cosine so the resumed schedule matters; old log-probs from the rollout so the
     # clipped ratio (not just the sign of the gradient) depends on the restored weights
-    return TrainerConfig(model=str(model), lr=3e-3, warmup_steps=2, total_steps=4,
-                         old_logprobs="rollout", start_timeout_s=120)
+    return TrainerConfig(
+        model=str(model),
+        lr=3e-3,
+        warmup_steps=2,
+        total_steps=4,
+        old_logprobs="rollout",
+        start_timeout_s=120,
+    )
 
 
 def test_resume_in_fresh_process_matches_straight_run(tiny_model, tmp_path):
@@ -79,6 +91,9 @@ def test_checkpoint_of_another_shape_is_one_clear_error(tiny_model, tmp_path):
     save_checkpoint(Trainer(_cfg(tiny_model), tiny_model), tmp_path / "ck")
     other = tiny_model_dir(tmp_path / "wide", hidden_size=32)
     trainer = Trainer(_cfg(other), other)
-    with pytest.raises(CheckpointError, match=r"of shape \[49152, 64\] but this model's is "
-                                              r"\[49152, 32\].*another model shape"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"of shape \[49152, 64\] but this model's is "
+        r"\[49152, 32\].*another model shape",
+    ):
         load_checkpoint(trainer, tmp_path / "ck")

@@ -61,9 +61,12 @@ def _learn(tiny_model):
         r = reward.view(len(PROMPTS), GROUP)
         adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
         samples = [
-            Sample(token_ids=ids[j].tolist(), loss_mask=[0] * n_prompt + [1] * REPLY,
-                   advantage=float(adv[j]),
-                   rollout_logprobs=[0.0] * n_prompt + lp[j].tolist())
+            Sample(
+                token_ids=ids[j].tolist(),
+                loss_mask=[0] * n_prompt + [1] * REPLY,
+                advantage=float(adv[j]),
+                rollout_logprobs=[0.0] * n_prompt + lp[j].tolist(),
+            )
             for j in range(ids.shape[0])
         ]
         metrics = trainer.train_step(Batch(samples=samples))

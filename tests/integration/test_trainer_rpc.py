@@ -19,9 +19,15 @@ def _batch(n: int = 4) -> Batch:
     samples = []
     for i in range(n):
         ids = [1 + i, 20 + i, 300 + i, 4000 + i, 50 + i]
-        samples.append(Sample(token_ids=ids, loss_mask=[0, 0, 1, 1, 1],
-                              advantage=1.0 if i % 2 else -1.0,
-                              rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8], role="agent"))
+        samples.append(
+            Sample(
+                token_ids=ids,
+                loss_mask=[0, 0, 1, 1, 1],
+                advantage=1.0 if i % 2 else -1.0,
+                rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8],
+                role="agent",
+            )
+        )
     return Batch(samples=samples)
 
 
@@ -36,9 +42,17 @@ def test_rpc_round_trip_world_size_1(tiny_model, tmp_path):
         m = client.train_step(_batch())
         assert m["version"] == 1.0 and m["skipped"] == 0.0 and math.isfinite(m["loss"])
         assert m["tokens"] == 20.0 and m["loss_tokens"] == 12.0 and m["micro_batches"] >= 2
-        bad = Batch(samples=[*_batch(2).samples, Sample(token_ids=[1, 2], loss_mask=[0, 1],
-                                                        advantage=math.nan,
-                                                        rollout_logprobs=[0.0, -1.0])])
+        bad = Batch(
+            samples=[
+                *_batch(2).samples,
+                Sample(
+                    token_ids=[1, 2],
+                    loss_mask=[0, 1],
+                    advantage=math.nan,
+                    rollout_logprobs=[0.0, -1.0],
+                ),
+            ]
+        )
         with pytest.raises(BatchError, match=r"sample 2 \(agent\): advantage is nan"):
             client.train_step(bad)
         assert client.ping().version == 1  # the bad batch stepped nothing

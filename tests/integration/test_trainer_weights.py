@@ -16,12 +16,25 @@ def test_push_to_cpu_engine_reports_trainer_version(tiny_model, tmp_path):
 
     app = make_engine_app(str(tiny_model), context_length=64)
     cfg = TrainerConfig(model=str(tiny_model), lr=1e-2, start_timeout_s=120)
-    batch = Batch(samples=[
-        Sample(token_ids=[1, 5, 9, 13, 17], loss_mask=[0, 0, 1, 1, 1], advantage=a,
-               rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8])
-        for a in (1.0, -1.0)
-    ] + [Sample(token_ids=[1, 5, 9, 14, 18], loss_mask=[0, 0, 1, 1, 1], advantage=1.0,
-                rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8])])
+    batch = Batch(
+        samples=[
+            Sample(
+                token_ids=[1, 5, 9, 13, 17],
+                loss_mask=[0, 0, 1, 1, 1],
+                advantage=a,
+                rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8],
+            )
+            for a in (1.0, -1.0)
+        ]
+        + [
+            Sample(
+                token_ids=[1, 5, 9, 14, 18],
+                loss_mask=[0, 0, 1, 1, 1],
+                advantage=1.0,
+                rollout_logprobs=[0.0, 0.0, -10.8, -10.8, -10.8],
+            )
+        ]
+    )
     with serve_in_thread(app) as url, TrainerProcess(cfg, tiny_model, tmp_path / "run") as client:
         for _ in range(2):
             client.train_step(batch)
@@ -30,10 +43,15 @@ def test_push_to_cpu_engine_reports_trainer_version(tiny_model, tmp_path):
         assert httpx.get(f"{url}/get_weight_version").json()["weight_version"] == "2"
         client.export_hf(str(tmp_path / "hf"))
         prompt = [1, 5, 9]
-        out = httpx.post(f"{url}/generate", timeout=60, json={
-            "input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 0},
-        }).json()
+        out = httpx.post(
+            f"{url}/generate",
+            timeout=60,
+            json={
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 0},
+            },
+        ).json()
     assert out["meta_info"]["weight_version"] == "2"
     # the engine now serves exactly the trainer's weights: same log-probs as the export
     model, _ = load_causal_lm(str(tmp_path / "hf"))

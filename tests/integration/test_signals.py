@@ -1,0 +1,149 @@
+"""Ctrl-C and kill -9 of `spade train` as real subprocesses: clean stop, resume, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loop_helpers import HERE
+
+MARKERS = ("/opt/spade/worker.py", "spade_async.generation.server", "spade_async.trainer.main")
+
+
+def _ours(run_dir: Path, model: Path) -> list[int]:
+    """Processes of this run still alive: engines, trainer ranks, sandbox workers."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if (
+            state != "Z"
+            and any(m in cmd for m in MARKERS)
+            and (str(run_dir) in cmd or str(model) in cmd or "/opt/spade" in cmd)
+        ):
+            pids.append(int(d.name))
+    return pids
+
+
+def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> subprocess.Popen:
+    pool = tmp_path / "pool"
+    pool.mkdir(exist_ok=True)
+    shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
+    args = [
+        "mode=fixed_pool",
+        "schedule=async",
+        f"model={tiny_model}",
+        f"max_steps={max_steps}",
+        "replay_envs=1",
+        "initial_memory=''",
+        f"fixed_pool={pool}",
+        "checkpoint_every=1",
+        "agent.plays_nohint=8",
+        "agent.max_turns=1",
+        "agent.max_turn_tokens=2",
+        "agent.temperature=1.0",
+        "trainer.lr=1e-2",
+        "envs.max_workers=2",
+        "shutdown_grace_s=2",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spade_async.cli",
+        "train",
+        "configs/cpu-demo.toml",
+        "--run-dir",
+        str(run_dir),
+    ]
+    for a in args:
+        cmd += ["--set", a]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        start_new_session=True,
+    )
+
+
+def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "checkpoints" / f"step-{step}" / "DONE").is_file():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"spade train exited early ({proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no checkpoint step-{step} within {timeout} s")
+
+
+def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _ours(run_dir, model)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.timeout(600)
+def test_sigint_stops_cleanly_with_a_checkpoint(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
+    _wait_for_step(run_dir, proc, 1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("stopped by signal" in e.get("message", "") for e in events)
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    latest = max(
+        int(p.name.split("-")[1])
+        for p in (run_dir / "checkpoints").glob("step-*")
+        if (p / "DONE").exists()
+    )
+    assert latest == steps[-1] < 50
+    assert not _gone(run_dir, tiny_model), "children outlived a Ctrl-C"
+
+
+@pytest.mark.timeout(600)
+def test_kill9_then_resume(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
+    _wait_for_step(run_dir, proc, 1)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert not _gone(run_dir, tiny_model), "engines, ranks or workers outlived kill -9"
+    done = sorted(
+        int(p.name.split("-")[1])
+        for p in (run_dir / "checkpoints").glob("step-*")
+        if (p / "DONE").exists()
+    )
+    resumed = _start(tiny_model, tmp_path, run_dir, max_steps=done[-1] + 1)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    notes = [
+        e["message"] for e in events if e["kind"] == "event" and "resumed" in e.get("message", "")
+    ]
+    assert (
+        notes
+        and f"checkpoint step {done[-1]}" in notes[-1]
+        and "episodes generated after it were lost" in notes[-1]
+    )
+    assert [e["step"] for e in events if e["kind"] == "step"][-1] == done[-1] + 1
+    assert not _gone(run_dir, tiny_model)
