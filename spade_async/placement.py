@@ -215,9 +215,8 @@ def trainer_process(
     cfg: Config, model_dir: str | Path, run_dir: str | Path, *, load: str | None = None
 ) -> TrainerProcess:
     """The trainer's torchrun process as the placement says: ranks, threads, visible GPUs."""
-    from spade_async.trainer.launch import TrainerProcess
-
     from spade_async import watchdog
+    from spade_async.trainer.launch import TrainerProcess
 
     pl = cfg.placement
     proc = TrainerProcess(

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from loop_helpers import HERE
 
 MARKERS = ("/opt/spade/worker.py", "spade_async.generation.server", "spade_async.trainer.main")
