@@ -132,7 +132,9 @@ class Engine:
             self._cond.notify_all()
 
     def swap_model(self, model: Any, version: str, *, abort: bool) -> concurrent.futures.Future:
-        """Swap weights once running sequences finish (or are aborted); new ones wait."""
+        """Swap weights once running sequences finish (or are aborted; new ones wait), or at
+        once while paused in place (SGLang ``in_place``: running rows keep their KV cache and
+        continue on the new weights after ``resume``)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             self._swap = _Swap(model, version, abort, fut)
@@ -153,14 +155,15 @@ class Engine:
                     swap = self._swap
                     if swap is not None and swap.abort:
                         abort_all = True
-                    if not self._paused and swap is None:
+                    paused = self._paused
+                    if not paused and swap is None:
                         new = self._take_pending()
                 if abort_all:
                     self._abort_running("aborted by pause_generation or a weight update")
-                if swap is not None and not self.active:
-                    self._do_swap(swap)
+                if swap is not None and (paused or not self.active):
+                    self._do_swap(swap)  # paused in place: running rows resume on new weights
                     continue
-                if self._paused:
+                if paused:
                     continue
                 try:
                     if new:
@@ -177,7 +180,7 @@ class Engine:
                 seq.future.cancel()
 
     def _has_work(self) -> bool:
-        if self._abort_all or self._swap is not None and not self.active:
+        if self._abort_all or self._swap is not None and (self._paused or not self.active):
             return True
         if self._paused:
             return False
@@ -195,7 +198,6 @@ class Engine:
 
     def _do_swap(self, swap: _Swap) -> None:
         self.model, self.weight_version = swap.model, swap.version
-        self._reset_batch()
         with self._cond:
             if self._swap is swap:
                 self._swap = None

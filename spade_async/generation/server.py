@@ -91,7 +91,10 @@ class EngineApp:
             return _error(str(exc))
         flat = [s for group in seqs for s in group]
         self.engine.submit(flat)
-        done = await asyncio.gather(*(asyncio.wrap_future(s.future) for s in flat))
+        try:
+            done = await asyncio.gather(*(asyncio.wrap_future(s.future) for s in flat))
+        except Exception as exc:  # a failed model step: report it, keep serving
+            return _error(f"generation failed: {type(exc).__name__}: {exc}", status=500)
         outs = [self._output(s, req) for s in done]
         return _json(outs[0] if single and len(outs) == 1 else outs)
 

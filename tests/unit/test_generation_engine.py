@@ -236,3 +236,33 @@ def test_logprobs_match_the_trainers_policy_model(url, tiny_model):
         logprob_T = policy(ids_1T, torch.arange(len(ids)).unsqueeze(0), target_T)
     trainer_lp = logprob_T[len(prompt) - 1 : len(ids) - 1]
     assert torch.allclose(torch.tensor(res.logprobs), trainer_lp.float(), atol=1e-4)
+
+
+def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_model):
+    """The RL push: pause in place, load new weights, continue; the in-flight request
+    finishes and reports the new version (no deadlock waiting for it to drain)."""
+    other = tiny_model_dir(tmp_path / "pushed", seed=2)
+
+    async def main():
+        async with GenerationClient([url]) as client:
+            done = []
+
+            async def one():
+                sp = SamplingParams(max_new_tokens=90, temperature=0.0, ignore_eos=True)
+                done.append(await client.generate(PROMPTS[2], sp))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one)
+                with anyio.fail_after(60):
+                    while not engine_app.engine.active:  # wait until it is mid-generation
+                        await anyio.sleep(0.01)
+                await client.pause(mode="in_place")
+                with anyio.fail_after(60):
+                    versions = await client.update_weights_from_disk(str(other), weight_version="pushed")
+                await client.resume()
+            await client.update_weights_from_disk(str(tiny_model), weight_version="0")
+            return done[0], versions
+
+    res, versions = _run(main)
+    assert versions[url] == "pushed" and res.weight_version == "pushed"
+    assert len(res.output_ids) == 90 and res.finish_reason == "length"
