@@ -41,8 +41,16 @@ from spade_async.generation.client import GenerationClient  # noqa: E402
 from spade_async.generation.protocol import SamplingParams  # noqa: E402
 from spade_async.models import load_causal_lm, resolve_model  # noqa: E402
 
-TOPICS = ["a maze game", "prime numbers", "a river crossing puzzle", "sorting cards",
-          "a treasure map", "binary search", "a chess endgame", "graph colouring"]
+TOPICS = [
+    "a maze game",
+    "prime numbers",
+    "a river crossing puzzle",
+    "sorting cards",
+    "a treasure map",
+    "binary search",
+    "a chess endgame",
+    "graph colouring",
+]
 
 
 def _hardware() -> dict:
@@ -54,14 +62,27 @@ def _hardware() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "device": "cpu", "note": "shared machine; compare ratios"}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": "cpu",
+        "note": "shared machine; compare ratios",
+    }
 
 
 def _prompts(tokenizer, n: int) -> list[list[int]]:
     return [
-        render_prompt(tokenizer, [{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} "
-                                                             f"in detail (variant {i})."}])
+        render_prompt(
+            tokenizer,
+            [
+                {
+                    "role": "user",
+                    "content": f"Describe {TOPICS[i % len(TOPICS)]} in detail (variant {i}).",
+                }
+            ],
+        )
         for i in range(n)
     ]
 
@@ -72,16 +93,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def sequential_generate(model, prompts: list[list[int]], max_new: int, *, sample: bool) -> tuple[float, int]:
+def sequential_generate(
+    model, prompts: list[list[int]], max_new: int, *, sample: bool
+) -> tuple[float, int]:
     """``sample=False`` is greedy (HF's fastest path); ``True`` samples at temperature 1.0
     (HF draws with ``torch.multinomial``, slow on CPU)."""
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+    kw = (
+        dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        if sample
+        else dict(do_sample=False)
+    )
     tokens, t0 = 0, time.perf_counter()
     for i, prompt in enumerate(prompts):
         torch.manual_seed(i)
         with torch.inference_mode():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, eos_token_id=None,
-                                 pad_token_id=0, **kw)
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_new,
+                eos_token_id=None,
+                pad_token_id=0,
+                **kw,
+            )
         tokens += out.shape[1] - len(prompt)
     return time.perf_counter() - t0, tokens
 
@@ -89,8 +121,11 @@ def sequential_generate(model, prompts: list[list[int]], max_new: int, *, sample
 async def engine_wave(url: str, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
     results = []
     async with GenerationClient([url]) as client:
+
         async def one(i: int) -> None:
-            sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, sampling_seed=i, ignore_eos=True)
+            sp = SamplingParams(
+                max_new_tokens=max_new, temperature=1.0, sampling_seed=i, ignore_eos=True
+            )
             results.append(await client.generate(prompts[i], sp))
 
         t0 = time.perf_counter()
@@ -107,10 +142,14 @@ def _rate(secs: float, tokens: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer tokens, one round (about a minute idle)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer tokens, one round (about a minute idle)"
+    )
     parser.add_argument("--save", action="store_true", help="write bench/results/generation.json")
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved baseline/engine rounds")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved baseline/engine rounds"
+    )
     args = parser.parse_args()
     max_new = 16 if args.quick else 64
     rounds = args.rounds or (1 if args.quick else 3)
@@ -120,12 +159,21 @@ def main() -> int:
 
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "spade_async.generation.server", "--model", str(path), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "spade_async.generation.server",
+            "--model",
+            str(path),
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
     ratios, seq_runs, sampled_runs, engine = [], [], [], {1: [], 8: [], 32: []}
     try:
+
         async def ready():
             async with GenerationClient([url]) as client:
                 await client.wait_healthy(180)
@@ -168,7 +216,10 @@ def main() -> int:
         "note": "engine samples (temperature 1.0); ratios use the faster, greedy generate baseline",
         "targets": {
             "engine_8_concurrent_vs_8_sequential_generate": {
-                "target": ">= 4.0x", "measured": round(ratio, 2), "met": ratio >= 4.0},
+                "target": ">= 4.0x",
+                "measured": round(ratio, 2),
+                "met": ratio >= 4.0,
+            },
         },
     }
     if args.save:

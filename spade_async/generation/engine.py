@@ -369,10 +369,14 @@ def sample_tokens(
         sorted_BV, order_BV = torch.sort(probs_BV, dim=1, descending=True)
         cum_BV = sorted_BV.cumsum(1)
         drop_BV = cum_BV - sorted_BV > top_p_B1 * cum_BV[:, -1:]
-        probs_BV = torch.zeros_like(probs_BV).scatter(1, order_BV, sorted_BV.masked_fill(drop_BV, 0.0))
+        probs_BV = torch.zeros_like(probs_BV).scatter(
+            1, order_BV, sorted_BV.masked_fill(drop_BV, 0.0)
+        )
     cdf_BV = probs_BV.cumsum(1)
     u_B1 = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(1).to(cdf_BV.dtype)
-    drawn_B = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
+    drawn_B = (
+        torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
+    )
     return torch.where(greedy_B, argmax_B, drawn_B)
 
 
