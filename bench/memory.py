@@ -123,10 +123,11 @@ def lat(times: tuple[list[float], list[float]]) -> dict:
 
 
 def write_rates(root: Path, n: int) -> dict:
+    sources = [synth_source(i) for i in range(n)]
     t = time.perf_counter()
     recs = [
         make_record(
-            synth_source(i),
+            sources[i],
             origin=Origin(kind="designer", policy_version=0),
             valid=True,
             stage="ok",
@@ -138,7 +139,7 @@ def write_rates(root: Path, n: int) -> dict:
     sigs = [prepare_signature(r, cfg.num_perm, cfg.shingle_tokens) for r in recs]
     prepare = n / (time.perf_counter() - t)
     with MemoryStore(root / "writes") as store:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for k in range(0, n, cfg.max_batch):
             store.apply(
                 [
@@ -149,6 +150,7 @@ def write_rates(root: Path, n: int) -> dict:
                 ]
             )
         batched = n / (time.perf_counter() - t)
+        batched_cpu = n / (time.process_time() - c)
         extra = [
             make_record(
                 synth_source(n + i),
@@ -175,6 +177,7 @@ def write_rates(root: Path, n: int) -> dict:
         "records": n,
         "prepare_per_s_one_core": round(prepare),
         "writes_per_s_batched": round(batched),
+        "writes_per_cpu_s_batched": round(batched_cpu),
         "writes_per_s_one_per_txn": round(single),
         "point_reads_per_s": round(reads),
     }
@@ -397,6 +400,7 @@ def main() -> None:
         "writes_per_s_batched": {
             "target": ">= 5000",
             "measured": out["writes"]["writes_per_s_batched"],
+            "per_cpu_second": out["writes"]["writes_per_cpu_s_batched"],
             "met": out["writes"]["writes_per_s_batched"] >= 5000,
         },
         **{

@@ -10,6 +10,7 @@ record or store written by a newer schema is refused with one clear line.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import time
 from typing import Literal
@@ -136,6 +137,7 @@ def newer_schema(version: int, what: str) -> ConfigError:
     )
 
 
+@functools.lru_cache(maxsize=256)  # the id and the MinHash of one record both need it
 def normalize(code: str) -> str:
     """Code without comments, blank lines or formatting (an ``ast`` round trip).
 
