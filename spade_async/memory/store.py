@@ -94,7 +94,11 @@ class MemoryStore:
             name: self.env.open_db(name.encode(), dupsort=name in ix.DUPSORT, create=not readonly)
             for name in ix.TABLES
         }
-        self._check_schema()
+        try:
+            self._check_schema()
+        except BaseException:
+            self.env.close()
+            raise
 
     def close(self) -> None:
         self.env.close()
