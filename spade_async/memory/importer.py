@@ -90,7 +90,7 @@ def _setting_of(code: str, default: str | None) -> str:
 async def _validate(path: Path, data: bytes, pool, seeds) -> tuple[str | None, object | None]:
     """(rejection reason, verdict): a reason when the file never reaches the gates."""
     if len(data) > MAX_BYTES:
-        return f"file is {len(data)} bytes, over the {MAX_BYTES}-byte limit", None
+        return f"file is over the {MAX_BYTES}-byte limit", None
     try:
         source = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -120,7 +120,8 @@ async def import_files(
 
         async def one(i: int, path: Path) -> None:
             async with limit:
-                data = path.read_bytes()
+                with open(path, "rb") as f:  # never more than the cap (+1 to see it is over)
+                    data = f.read(MAX_BYTES + 1)
                 reason, verdict = await _validate(path, data, pool, list(seeds))
             code = data.decode("utf-8", errors="replace")
             fields = dict(
