@@ -151,17 +151,17 @@ async def play(
     async def one(env: EnvRef, seed: int, hint: str | None) -> None:
         async with limiter:
             rt.meters.count("agent/started")
-            with rt.meters.busy("env_pool"):
-                ep = await play_episode(
-                    client=rt.client,
-                    pool=rt.pool,
-                    tokenizer=rt.tokenizer,
-                    env=env,
-                    seed=seed,
-                    hint=hint,
-                    cfg=cfg,
-                    version=version,
-                )
+            ep = await play_episode(
+                client=rt.client,
+                pool=rt.pool,
+                tokenizer=rt.tokenizer,
+                env=env,
+                seed=seed,
+                hint=hint,
+                cfg=cfg,
+                version=version,
+                meters=rt.meters,
+            )
         episodes.append(ep)
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
         rt.meters.count(f"agent/status/{ep.status}")

@@ -29,6 +29,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ) = "cpu"
     count: Doc(int, "CPU engines to start (kind = cpu)") = 1
     threads: Doc(int, "torch threads per CPU engine; 0 = torch's default") = 0
+    cpus: Doc(list[int], "CPU cores the CPU engines are pinned to; [] = no pinning") = []
     dtype: Doc(str, "CPU engine weights dtype") = "float32"
     gpus: Doc(
         list[list[int]],
@@ -47,7 +48,9 @@ class CPUEngineServer(SGLangServer):
 
     kind = "CPU engine"
 
-    def __init__(self, cfg: SGLangConfig, *, threads: int, dtype: str) -> None:
+    def __init__(
+        self, cfg: SGLangConfig, *, threads: int, dtype: str, cpus: list[int] = ()
+    ) -> None:
         super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0]))  # checks only; no GPU used
         self.cfg = cfg
         self.argv = [
@@ -66,7 +69,7 @@ class CPUEngineServer(SGLangServer):
             cfg.weight_version,
         ] + (["--threads", str(threads)] if threads else [])
         self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
-        self.argv = watchdog.prefix() + self.argv
+        self.argv = watchdog.prefix(cpus=cpus) + self.argv
 
 
 def free_port() -> int:
@@ -98,7 +101,7 @@ def servers(
             log_path=str(log_dir / f"engine-{i}.log"),
         )
         if cfg.kind == "cpu":
-            out.append(CPUEngineServer(scfg, threads=cfg.threads, dtype=cfg.dtype))
+            out.append(CPUEngineServer(scfg, threads=cfg.threads, dtype=cfg.dtype, cpus=cfg.cpus))
         else:
             server = SGLangServer(scfg)
             server.argv = watchdog.prefix() + server.argv  # dies with the controller

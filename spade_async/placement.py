@@ -56,6 +56,7 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ) = []
     cpu_ranks: Doc(int, "trainer ranks when trainer_gpus is empty (CPU, gloo)") = 1
     trainer_threads: Doc(int, "torch threads per trainer rank; 0 = torch's default") = 0
+    trainer_cpus: Doc(list[int], "CPU cores the trainer ranks are pinned to; [] = no pinning") = []
     colocate: Doc(
         bool, "engines and trainer may share GPUs and take turns; false = disjoint GPU sets"
     ) = False
@@ -228,7 +229,8 @@ def trainer_process(
         threads=pl.trainer_threads,
         env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in pl.trainer_gpus)},
     )
-    proc.cmd = watchdog.prefix() + proc.cmd  # the ranks die with the controller, even on kill -9
+    # the ranks die with the controller, even on kill -9, and stay on their cores
+    proc.cmd = watchdog.prefix(cpus=pl.trainer_cpus) + proc.cmd
     return proc
 
 

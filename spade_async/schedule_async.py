@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    queue_groups: Doc(int, "bound of the stream of finished environment groups (backpressure)") = 8
+    queue_groups: Doc(
+        int, "finished environment groups buffered for the trainer (backpressure; 0 = hand-off)"
+    ) = 0
     groups_in_flight: Doc(int, "environment groups being played at once") = 8
     groups_per_step: Doc(
         int, "groups per trainer step; 0 = as many environments as a sync step plays"

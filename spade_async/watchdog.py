@@ -16,9 +16,11 @@ import sys
 import time
 
 
-def prefix(pid: int | None = None) -> list[str]:
-    """argv prefix that wraps a command in the watchdog for this (or the given) process."""
-    return [sys.executable, "-m", "spade_async.watchdog", str(pid or os.getpid()), "--"]
+def prefix(pid: int | None = None, *, cpus: list[int] | tuple[int, ...] = ()) -> list[str]:
+    """argv prefix that wraps a command in the watchdog for this (or the given) process,
+    optionally pinned (with all its children) to the CPU cores ``cpus``."""
+    pin = ["--cpus", ",".join(map(str, cpus))] if cpus else []
+    return [sys.executable, "-m", "spade_async.watchdog", str(pid or os.getpid()), *pin, "--"]
 
 
 def descendants(pid: int) -> list[int]:
@@ -68,10 +70,19 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    cpus = None
+    if len(argv) > 2 and argv[1] == "--cpus":
+        cpus = {int(c) for c in argv[2].split(",")}
+        argv = [argv[0], *argv[3:]]
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m spade_async.watchdog PID -- CMD [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m spade_async.watchdog PID [--cpus 0,1] -- CMD [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     parent = int(argv[0])
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # inherited by the whole child tree
     child = subprocess.Popen(argv[2:])
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))

@@ -12,6 +12,7 @@ ends with SPADE's penalty and a status, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -104,7 +105,10 @@ async def play_episode(
     hint: str | None,
     cfg: AgentConfig,
     version: int,
+    meters: Any = None,
 ) -> Episode:
+    """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time."""
+    busy = meters.busy if meters is not None else _no_busy
     key = f"ep-{next(_session)}"
     conv: Conversation | None = None
     spans: list[tuple[int, int]] = []
@@ -130,16 +134,20 @@ async def play_episode(
             if budget <= 0:
                 status = "token_limit"
                 break
-            res = await client.generate(
-                conv.token_ids,
-                SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p),
-                session_key=key,
-            )
+            with busy("engine"):
+                res = await client.generate(
+                    conv.token_ids,
+                    SamplingParams(
+                        max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p
+                    ),
+                    session_key=key,
+                )
             start = len(conv.token_ids)
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
             versions.append(_version(res.weight_version, version))
-            obs, step_reward, terminated, truncated, _ = await pool.step(inst, res.text)
+            with busy("env_pool"):
+                obs, step_reward, terminated, truncated, _ = await pool.step(inst, res.text)
             if terminated or truncated:
                 status = "terminated" if terminated else "truncated"
                 reward = agent_outcome(step_reward, terminated)
@@ -175,6 +183,11 @@ async def play_episode(
         messages=conv.messages if conv else [],
         error=error,
     )
+
+
+@contextlib.contextmanager
+def _no_busy(stage: str):
+    yield
 
 
 def _version(reported: str | None, fallback: int) -> int:
