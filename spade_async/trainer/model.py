@@ -18,6 +18,7 @@ import torch
 from spade_kernels import linear_logprob
 from torch import nn
 
+from spade_async.trainer import attention
 from spade_async.trainer.config import TrainerConfig
 
 __all__ = ["PolicyModel", "load_policy", "decoder_layers"]
@@ -28,6 +29,9 @@ class PolicyModel(nn.Module):
         super().__init__()
         self.causal_lm = causal_lm
         self.temperature = temperature
+        impl = getattr(causal_lm.config, "_attn_implementation", "")
+        # causal-only kernels: padded rows are right-padded, so no padding mask is needed
+        self.varlen_attention = impl in (attention.NAME, "flash_attention_2")
 
     def forward(
         self,
@@ -37,6 +41,8 @@ class PolicyModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         return_entropy: bool = False,
         index_K: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int = 0,
     ):
         """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32.
 
@@ -44,11 +50,20 @@ class PolicyModel(nn.Module):
         others come back as 0 without ever touching the [*, V] head, which is most of the
         cost when observations and prompts dominate an episode.
         """
+        varlen = {}
+        if cu_seqlens is not None:  # packed row: varlen attention (flash-attn or ours)
+            varlen = dict(
+                cu_seq_lens_q=cu_seqlens,
+                cu_seq_lens_k=cu_seqlens,
+                max_length_q=max_seqlen,
+                max_length_k=max_seqlen,
+            )
         out = self.causal_lm.model(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=attention_mask,
+            attention_mask=None if self.varlen_attention else attention_mask,
             use_cache=False,
+            **varlen,
         )
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
@@ -91,7 +106,7 @@ def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
         return cfg.attn_implementation
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    return "sdpa"
+    return attention.NAME
 
 
 def load_policy(

@@ -15,6 +15,7 @@ batch), so the loss is the same however the batch is split into micro-batches an
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,8 @@ class MicroBatch:
     seq_T: torch.Tensor  # global sample index of each position, -1 on padding (long)
     local_seq_T: torch.Tensor  # sample index within this micro-batch, 0 on padding (long)
     loss_index_K: torch.Tensor  # positions with a loss token (at least one: [0] if none)
+    cu_seqlens: torch.Tensor | None  # packed: int32 sequence boundaries [S + 1]; None padded
+    max_seqlen: int  # longest sequence in the micro-batch
     n_tokens: int  # real (non-padding) tokens
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -181,5 +184,9 @@ def build_microbatch(
         att,
         n_tokens=sum(rows),
         loss_index_K=index_K,
+        cu_seqlens=torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32)
+        if packed
+        else None,
+        max_seqlen=max(rows),
         **{k: v.reshape(-1) for k, v in flat.items()},
     )

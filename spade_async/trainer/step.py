@@ -79,6 +79,8 @@ class Trainer:
             mb.attention_mask,
             return_entropy=want_entropy,
             index_K=mb.loss_index_K,
+            cu_seqlens=mb.cu_seqlens,
+            max_seqlen=mb.max_seqlen,
         )
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T

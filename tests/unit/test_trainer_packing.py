@@ -44,32 +44,37 @@ def test_plan_pads_short_rank_with_empty_microbatch():
     assert plan == [[[0]], [[]]]
 
 
-def test_packed_logprobs_equal_unpacked(tiny_model):
+def _run(policy, mb, **kw):
+    return policy(mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask,
+                  cu_seqlens=mb.cu_seqlens, max_seqlen=mb.max_seqlen, **kw)
+
+
+@pytest.mark.parametrize("attn", ["auto", "sdpa", "eager"])
+def test_packed_logprobs_equal_unpacked(tiny_model, attn):
+    """Per-sequence varlen SDPA (default on CPU) and transformers' block-diagonal masks."""
     from spade_async.trainer.model import load_policy
 
-    policy = load_policy(TrainerConfig(model=str(tiny_model)), tiny_model, torch.device("cpu"),
-                         shard=False)
+    cfg = TrainerConfig(model=str(tiny_model), attn_implementation=attn)
+    policy = load_policy(cfg, tiny_model, torch.device("cpu"), shard=False)
     policy.eval()
     samples = _samples(5)
     with torch.no_grad():
         mb = build_microbatch(samples, list(range(5)), packed=True)
         assert mb.input_ids.shape[0] == 1 and mb.position_ids[0, 0] == 0
-        packed_T = policy(mb.input_ids, mb.position_ids, mb.target_T)
-        only_loss_T = policy(mb.input_ids, mb.position_ids, mb.target_T, index_K=mb.loss_index_K)
+        packed_T = _run(policy, mb)
+        only_loss_T = _run(policy, mb, index_K=mb.loss_index_K)
         torch.testing.assert_close(only_loss_T, packed_T * mb.mask_T, atol=1e-6, rtol=1e-6)
         padded = build_microbatch(samples, list(range(5)), packed=False)
-        padded_T = policy(padded.input_ids, padded.position_ids, padded.target_T,
-                          padded.attention_mask)
+        padded_T = _run(policy, padded)
         for i in range(len(samples)):
             one = build_microbatch(samples, [i], packed=True)
-            alone_T = policy(one.input_ids, one.position_ids, one.target_T)
+            alone_T = _run(policy, one)
             sel = (mb.seq_T == i) & (mb.mask_T > 0)
             torch.testing.assert_close(packed_T[sel], alone_T[one.mask_T > 0], atol=1e-5, rtol=1e-5)
             sel_pad = (padded.seq_T == i) & (padded.mask_T > 0)
             torch.testing.assert_close(padded_T[sel_pad], alone_T[one.mask_T > 0], atol=1e-5,
                                        rtol=1e-5)
-    # and the packed row really differs from attending across samples
-    with torch.no_grad():
+        # and the packed row really differs from attending across samples
         flat_pos = torch.arange(mb.input_ids.shape[1]).unsqueeze(0)
         leaky_T = policy(mb.input_ids, flat_pos, mb.target_T)
     assert not torch.allclose(leaky_T[mb.mask_T > 0], packed_T[mb.mask_T > 0], atol=1e-4)
