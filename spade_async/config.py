@@ -169,4 +169,10 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    from typing import Literal
+
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) is not None or not hasattr(tp, "__name__"):
+        return str(tp).replace("typing.", "")
+    return tp.__name__

@@ -23,6 +23,7 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
     shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")  # varied rewards
     overrides = [
         f"mode={mode}",
+        "schedule='sync'",
         f"model='{tiny_model}'",
         "max_steps=2",
         "regen_interval=2",

@@ -47,6 +47,7 @@ def test_end_to_end_learning(tiny_model, tmp_path):
         None,
         [
             "mode='fixed_pool'",
+            "schedule='sync'",
             f"model='{tiny_model}'",
             "max_steps=30",
             "replay_envs=1",
