@@ -9,6 +9,7 @@ not UTF-8 text, or too large, are rejected before they reach a sandbox.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import re
 from pathlib import Path
@@ -108,14 +109,23 @@ async def import_files(
     skill: str | None = None,
     setting: str | None = None,
     kind: Literal["import", "pool"] = "import",
+    pool=None,
+    writer: MemoryWriter | None = None,
 ) -> list[FileOutcome]:
+    """Validate and store every ``.py`` under ``src``. Pass the run's ``pool`` (an
+    ``EnvPool``) and running ``writer`` to share them; otherwise both are made here."""
     from spade_async.envs.pool import EnvPool
 
     files = collect(src)
     outcomes: list[FileOutcome | None] = [None] * len(files)
-    writer = MemoryWriter(store)
-    async with EnvPool() as pool, anyio.create_task_group() as tg:
-        await tg.start(writer.run)
+    own_writer = writer is None
+    async with contextlib.AsyncExitStack() as stack:
+        if pool is None:
+            pool = await stack.enter_async_context(EnvPool())
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        if writer is None:
+            writer = MemoryWriter(store)
+            await tg.start(writer.run)
         limit = anyio.CapacityLimiter(max(1, pool.config.max_workers))
 
         async def one(i: int, path: Path) -> None:
@@ -161,5 +171,6 @@ async def import_files(
         async with anyio.create_task_group() as files_tg:
             for i, path in enumerate(files):
                 files_tg.start_soon(one, i, path)
-        writer.close()
+        if own_writer:
+            writer.close()
     return [o for o in outcomes if o is not None]

@@ -63,3 +63,25 @@ def test_import_missing_source_is_one_line(tmp_path, capsys):
     assert spade(["memory", "import", str(tmp_path / "nope"), "--run", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not exist" in err and len(err.splitlines()) == 1
+
+
+def test_import_shares_the_callers_pool_and_writer(tmp_path):
+    import anyio
+
+    from spade_async.envs.pool import EnvPool
+    from spade_async.memory.importer import import_files
+    from spade_async.memory.writer import MemoryWriter
+
+    async def main(store):
+        writer = MemoryWriter(store)
+        async with EnvPool() as pool, anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            first = await import_files(store, HERE / "mastermind.py", pool=pool, writer=writer)
+            again = await import_files(store, HERE / "mastermind.py", pool=pool, writer=writer)
+            writer.close()
+        return first, again, writer.committed
+
+    with MemoryStore(tmp_path / "m") as store:
+        first, again, committed = anyio.run(main, store)
+        assert [o.outcome for o in first + again] == ["accepted", "duplicate"]
+        assert committed == 2 and store.stats()["total"] == 1
