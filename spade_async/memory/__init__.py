@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spade_async.memory.ops import PutOp, PutResult, ReplayOp, StatsOp
+from spade_async.memory.ops import HintOp, PutOp, PutResult, ReplayOp, StatsOp
 from spade_async.memory.records import EnvRecord, Origin, Stats, env_id, make_record
 from spade_async.memory.sampling import Example, designer_context, replay_sample
 from spade_async.memory.store import MemoryConfig, MemoryStore
@@ -25,6 +25,7 @@ from spade_async.memory.writer import MemoryWriter
 __all__ = [
     "EnvRecord",
     "Example",
+    "HintOp",
     "MemoryConfig",
     "MemoryStore",
     "MemoryWriter",

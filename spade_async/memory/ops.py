@@ -41,7 +41,12 @@ class ReplayOp(msgspec.Struct, frozen=True, kw_only=True):
     version: int
 
 
-Op = PutOp | StatsOp | ReplayOp
+class HintOp(msgspec.Struct, frozen=True, kw_only=True):
+    env_id: str
+    hint: str
+
+
+Op = PutOp | StatsOp | ReplayOp | HintOp
 
 
 class PutResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,11 +175,22 @@ def _replay(store: MemoryStore, txn: lmdb.Transaction, op: ReplayOp) -> int:
     return done
 
 
+def _hint(store: MemoryStore, txn: lmdb.Transaction, op: HintOp) -> EnvRecord | None:
+    old = store.get(op.env_id, txn)
+    if old is None:
+        return None
+    new = msgspec.structs.replace(old, hints=[*old.hints, op.hint], updated_at=now())
+    _replace(store, txn, old, new)
+    return new
+
+
 def apply_one(store: MemoryStore, txn: lmdb.Transaction, op: Op) -> Result:
     if isinstance(op, PutOp):
         return _put(store, txn, op)
     if isinstance(op, StatsOp):
         return _stats(store, txn, op)
+    if isinstance(op, HintOp):
+        return _hint(store, txn, op)
     return _replay(store, txn, op)
 
 

@@ -102,10 +102,15 @@ def designer_context(
                 for c in ("too_easy", "too_hard")
                 if txn.cursor(store.db["ctx"]).set_key(ix.ctx_key(skill, c))
             ]
-            for _ in range(cfg.n_negative if classes else 0):
+            seen: set[bytes] = set()
+            for _ in range(4 * cfg.n_negative if classes else 0):  # a few probes for distinct
+                if len(seen) == cfg.n_negative:
+                    break
                 cls = classes[int(rng.integers(len(classes)))]
                 rid = _random_in(store, txn, ix.ctx_key(skill, cls), rng)
-                out.append(Example(role=cls, record=_records(store, txn, [rid])[0]))
+                if rid not in seen:
+                    seen.add(rid)
+                    out.append(Example(role=cls, record=_records(store, txn, [rid])[0]))
             return out
         n = k or cfg.n_positive + cfg.n_negative
         if strategy == "recent":

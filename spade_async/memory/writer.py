@@ -101,6 +101,10 @@ class MemoryWriter:
     async def update_stats(self, env_id: str, **kw) -> EnvRecord | None:
         return await self.submit(ops.StatsOp(env_id=env_id, **kw))
 
+    async def add_hint(self, env_id: str, hint: str) -> EnvRecord | None:
+        """Append a generated hint to ``env_id``'s record (None if it is unknown)."""
+        return await self.submit(ops.HintOp(env_id=env_id, hint=hint))
+
     async def mark_replayed(self, env_ids: list[str], version: int) -> int:
         return await self.submit(ops.ReplayOp(env_ids=list(env_ids), version=version))
 

@@ -10,6 +10,7 @@ from test_memory_helpers import env_source, record
 
 from spade_async.errors import ConfigError
 from spade_async.memory import records as R
+from spade_async.memory.ops import HintOp, PutOp
 from spade_async.memory.store import MemoryConfig, MemoryStore
 from spade_async.memory.writer import MemoryWriter
 
@@ -113,12 +114,13 @@ def test_writer_batches_concurrent_ops(tmp_path):
 
     with MemoryStore(tmp_path / "m") as store:
         writer, results = anyio.run(main, store)
+        assert store.apply([HintOp(env_id=results[0].id, hint="try the corners")])[0].hints == [
+            "try the corners"
+        ]
         assert len(results) == 120 and all(r.outcome == "new" for r in results.values())
         assert writer.committed == 120 and writer.batches < 120
         assert store.stats()["total"] == 120
 
 
 def _put(rec):
-    from spade_async.memory.ops import PutOp
-
     return PutOp(record=rec)
