@@ -63,8 +63,8 @@ def linear_logprob(
     Returns logprob_T, or (logprob_T, entropy_T) when `return_entropy`. Both are
     differentiable w.r.t. hidden and weight (custom backward, chunked over tokens so no
     T x V tensor is ever held). `hidden` may have leading dims [..., D]; target then has
-    shape [...] and the outputs too. `chunk_size` is tokens per chunk (default: ~16M logits
-    elements on CPU, 64M on GPU). `backend`: "auto" (Triton on CUDA when installed, else
+    shape [...] and the outputs too. `chunk_size` is tokens per chunk (default: ~24M logits
+    elements on CPU, 96M on GPU). `backend`: "auto" (Triton on CUDA when installed, else
     torch), "torch" or "triton".
     """
     if not temperature > 0:

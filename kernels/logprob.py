@@ -12,7 +12,7 @@ grad_hidden_CD = grad_logits_CV @ weight_VD and grad_weight_VD += grad_logits_CV
 
 Memory beyond inputs and outputs: the logits_CV buffer (C * V * itemsize) plus at most two
 C x V fp32 temporaries in the torch row ops (logsumexp's, or exp and product with entropy;
-C=341, V=49,152: 64 MB each), none in the Triton row ops; the fp32 grad_weight_VD
+C=512, V=49,152: 96 MB each), none in the Triton row ops; the fp32 grad_weight_VD
 accumulator (V * D * 4 bytes, as big as the weight gradient the naive path builds too); O(T)
 vectors (lse_T, entropy_T). Nothing grows with T x V. Cost: one extra logits matmul
 (2*T*V*D flops) in backward, the price of not storing T x V activations; on CPU the smaller
@@ -32,17 +32,19 @@ import torch
 
 __all__ = ["ChunkedLinearLogprob", "RowOps", "TorchRowOps", "acc_dtype", "default_chunk_size"]
 
-# Logits elements per chunk: 16M (64 MB fp32; 341 tokens at V=49,152). On a 2-core CPU at
-# T=4096, V=49,152, D=576, CPU time fell from 64 to 384 tokens per chunk (fewer, larger
-# matmuls) while peak memory rose by one C x V buffer per step; 16M keeps the fused peak
-# under 1/10 of the naive one there (see bench/logprob.py --sweep).
-_CHUNK_ELEMS = 16 * 1024 * 1024
+# Logits elements per chunk: 24M (96 MB fp32; 512 tokens at V=49,152). On a 2-core CPU at
+# T=4096, V=49,152, D=576, chunked matmuls of 256-341 rows ran ~15-20% slower than one
+# full matmul while 512-row ones matched it; peak memory grows by one C x V buffer per
+# step and stays ~1/9 of the naive peak there (bench/logprob.py --sweep). Chunks are
+# rounded down to a multiple of 64 rows (BLAS-friendly).
+_CHUNK_ELEMS = 24 * 1024 * 1024
 
 
 def default_chunk_size(vocab: int, device: torch.device) -> int:
     """Tokens per chunk so a chunk's logits hold about _CHUNK_ELEMS (GPU: 4x more)."""
     elems = _CHUNK_ELEMS * (4 if device.type == "cuda" else 1)
-    return max(1, elems // max(1, vocab))
+    rows = elems // max(1, vocab)
+    return max(1, rows // 64 * 64 if rows >= 64 else rows)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -82,13 +84,13 @@ class TorchRowOps:
         z_CV = logits_CV.to(acc_dtype(logits_CV.dtype))  # no copy when already fp32
         if inv_temp != 1.0:
             z_CV.mul_(inv_temp)
-        target_C1 = target_C.unsqueeze(1)
-        if not entropy:
-            lse_C = torch.logsumexp(z_CV, dim=-1)
-            return z_CV.gather(1, target_C1).squeeze(1) - lse_C, lse_C, None
-        z_target_C = z_CV.gather(1, target_C1).squeeze(1)
+        z_target_C = z_CV.gather(1, target_C.unsqueeze(1)).squeeze(1)
         max_C1 = z_CV.amax(dim=-1, keepdim=True)
         zs_CV = z_CV.sub_(max_C1)  # shifted in place: z - max <= 0
+        if not entropy:
+            # logsumexp in place: torch.logsumexp would allocate (and page-fault) a C x V temp.
+            lse_C = max_C1.squeeze(1) + zs_CV.exp_().sum(-1).log()
+            return z_target_C - lse_C, lse_C, None
         e_CV = zs_CV.exp()  # C x V temporary
         sum_C = e_CV.sum(-1)
         ezs_C = torch.linalg.vecdot(e_CV, zs_CV)  # sum_v e * (z - max)

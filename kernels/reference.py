@@ -18,9 +18,10 @@ def logprob_entropy_from_logits_ref(
     logits_TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / temperature)[target] and the entropy of that distribution (fp32)."""
-    logprobs_TV = torch.log_softmax(
-        logits_TV.to(torch.promote_types(logits_TV.dtype, torch.float32)) / temperature, dim=-1
-    )
+    logits_TV = logits_TV.to(torch.promote_types(logits_TV.dtype, torch.float32))
+    if temperature != 1.0:
+        logits_TV = logits_TV / temperature
+    logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
     logprob_T = logprobs_TV.gather(-1, target_T.long().unsqueeze(-1)).squeeze(-1)
     entropy_T = -(logprobs_TV.exp() * logprobs_TV).sum(-1)
     return logprob_T, entropy_T
@@ -40,9 +41,10 @@ def linear_logprob_ref(
     through torch autograd.
     """
     logits_TV = hidden_TD @ weight_VD.T  # T x V in the input dtype
-    logprobs_TV = torch.log_softmax(
-        logits_TV.to(torch.promote_types(logits_TV.dtype, torch.float32)) / temperature, dim=-1
-    )
+    logits_TV = logits_TV.to(torch.promote_types(logits_TV.dtype, torch.float32))
+    if temperature != 1.0:
+        logits_TV = logits_TV / temperature
+    logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
     logprob_T = logprobs_TV.gather(-1, target_T.long().unsqueeze(-1)).squeeze(-1)
     if not return_entropy:
         return logprob_T
