@@ -4,11 +4,14 @@
 
 Samples have multi-turn-episode-like lengths (log-normal, median ~256 tokens, clipped to
 [32, 3072]: many short episodes, a few very long ones), each with a prompt part and a
-trained reply part. For every world size (gloo ranks under torchrun, one thread each) and
-both layouts, the real trainer takes 1 warm-up step and then timed steps through the RPC;
-tokens/s counts real (non-padding) tokens. Padded = what a padded trainer must do to bound memory
-with the same token budget: arrival order, k = budget // longest samples per micro-batch,
-each padded to its own longest (dynamic padding). MFU is reported on GPU only.
+trained reply part. The default model is a random Llama (hidden 128; 32 layers, 8 with
+--quick) so that the decoder body, where padding costs, weighs about as much as the vocab
+head, which the trainer evaluates only at trained tokens in either layout. For every world
+size (gloo ranks under torchrun, one thread each) and both layouts, the real trainer takes
+1 warm-up step and then timed steps through the RPC; tokens/s counts real (non-padding)
+tokens. Padded = what a padded trainer must do to bound memory with the same token budget:
+arrival order, k = budget // longest samples per micro-batch, each padded to its own
+longest (dynamic padding). MFU is reported on GPU only.
 The last line printed is one JSON object.
 """
 
@@ -109,16 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="", help="HF model dir (default: a tiny random Llama)")
     ap.add_argument("--ranks", default="1,2", help="world sizes to run, comma separated")
     args = ap.parse_args(argv)
-    # Default: a random Llama (hidden 128, 16 layers) whose decoder body costs about as much
-    # as its vocab head on the trained tokens (the 2-layer test model is all head: packing
-    # could not show there); SmolLM2-135M's body is ~4x its head.
+    # Default: a random Llama, hidden 128, whose decoder body costs about as much as its
+    # vocab head on the trained tokens (12 * layers * hidden ~ vocab at 32 layers; the 2-layer
+    # test model is all head, where packing has nothing to save); SmolLM2-135M's body is ~4x
+    # its head. --quick uses 8 layers to stay near a minute on 2 shared cores.
+    layers = 8 if args.quick else 32
     model = (
         Path(args.model)
         if args.model
         else tiny_model_dir(
-            Path(tempfile.gettempdir()) / "spade-bench-trainer-128x32",
+            Path(tempfile.gettempdir()) / f"spade-bench-trainer-128x{layers}",
             hidden_size=128,
-            num_layers=32,
+            num_layers=layers,
         )
     )
     n, steps, budget = (8, 1, 1024) if args.quick else (48, 2, 4096)
@@ -159,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "trainer",
         "hardware": hardware(),
         "model": str(model),
+        "model_shape": {
+            k: json.loads((model / "config.json").read_text()).get(k)
+            for k in ("hidden_size", "num_hidden_layers", "vocab_size")
+        },
         "quick": args.quick,
         "samples": n,
         "micro_batch_tokens": budget,

@@ -10,10 +10,12 @@ then SIGKILL of the whole group.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +43,9 @@ class TrainerProcess:
         self.run_dir = Path(run_dir)  # created by start(): building the command has no side effects
         self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES from the placement (placement.py)
         self.socket_path = cfg.socket_path or str(self.run_dir / "trainer.sock")
+        if len(self.socket_path.encode()) > 100:  # AF_UNIX paths stop at 107 bytes
+            digest = hashlib.sha1(self.socket_path.encode()).hexdigest()[:12]
+            self.socket_path = str(Path(tempfile.gettempdir()) / f"spade-trainer-{digest}.sock")
         self.log_path = self.run_dir / "trainer.log"
         self.cmd = [
             sys.executable,
