@@ -110,8 +110,14 @@ def env_refs(rt: Runtime, env_ids: list[str]) -> list[EnvRef]:
     return refs
 
 
-def replay(rt: Runtime, n: int) -> list[str]:
-    return replay_sample(rt.store, n, version=rt.state.version, rng=rt.rng) if n > 0 else []
+async def replay(rt: Runtime, n: int) -> list[str]:
+    """PLR replay: ``n`` memory environments for the agent, marked as replayed (staleness)."""
+    if n <= 0:
+        return []
+    ids = replay_sample(rt.store, n, version=rt.state.version, rng=rt.rng)
+    if ids:
+        await rt.writer.mark_replayed(ids, rt.state.version)
+    return ids
 
 
 async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
@@ -130,6 +136,8 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
                 cfg=rt.cfg.hint,
             )
         hints[env.env_id] = res.hint
+        if res.hint is not None:
+            await rt.writer.add_hint(env.env_id, res.hint)
         rt.meters.add_tokens("hint", res.tokens)
         rt.meters.count("hint/leaks", res.leaks)
         rt.meters.count("hint/dropped", int(res.hint is None))

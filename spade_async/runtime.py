@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from spade_async.models import load_tokenizer, resolve_model
 from spade_async.placement import trainer_process
 from spade_async.rundir import RunDir, write_atomic
 from spade_async.telemetry.metrics import Meters, Telemetry
+from spade_async.telemetry.progress import status
 from spade_async.trainer.client import AsyncTrainerClient
 from spade_async.trainer.launch import TrainerProcess
 
@@ -89,19 +91,29 @@ class Runtime:
         return path
 
 
-async def _import_initial(cfg: Config, store: MemoryStore) -> None:
-    """Seed a new run's memory: the bundled examples and/or a fixed pool, through the gates."""
+async def _import_initial(
+    cfg: Config, store: MemoryStore, pool: EnvPool, writer: MemoryWriter
+) -> None:
+    """Seed a new run's memory through the validation gates: the bundled examples and/or a
+    fixed pool, all at once in the run's own sandbox pool."""
     from spade_async.memory.importer import import_files
 
+    jobs: list[tuple[Path, dict]] = []
     if cfg.initial_memory == "examples":
         from spade_async.envs.examples import EXAMPLES, HERE
 
-        for name, (skill, setting) in EXAMPLES.items():
-            await import_files(store, HERE / name, skill=skill, setting=setting, kind="pool")
+        jobs += [
+            (HERE / n, {"skill": sk, "setting": st, "kind": "pool"})
+            for n, (sk, st) in EXAMPLES.items()
+        ]
     elif cfg.initial_memory:
-        await import_files(store, Path(cfg.initial_memory), kind="import")
+        jobs.append((Path(cfg.initial_memory), {"kind": "import"}))
     if cfg.fixed_pool:
-        await import_files(store, Path(cfg.fixed_pool), kind="pool")
+        jobs.append((Path(cfg.fixed_pool), {"kind": "pool"}))
+    with status(f"importing {len(jobs)} environment source(s) into memory through the gates"):
+        async with anyio.create_task_group() as tg:
+            for src, kw in jobs:
+                tg.start_soon(partial(import_files, store, src, pool=pool, writer=writer, **kw))
 
 
 @contextlib.asynccontextmanager
@@ -118,8 +130,6 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
     store = MemoryStore(run_dir.memory, cfg.memory)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(store.close)
-        if resumed is None:
-            await _import_initial(cfg, store)
         corpus = None
         if cfg.designer_enabled and cfg.designer.use_corpus:
             corpus = stack.enter_context(open_corpus(cfg.corpus))
@@ -133,18 +143,25 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         stack.push_async_callback(_close_writer, writer)
         pool = await stack.enter_async_context(EnvPool(cfg.envs))
         started: dict[str, Any] = {}
-        trainer_up = anyio.Event()
+        trainer_up, imported = anyio.Event(), anyio.Event()
 
         async def start_trainer() -> None:  # overlaps with the engines' start-up
             started["trainer"] = await anyio.to_thread.run_sync(proc.start)
             trainer_up.set()
 
+        async def seed_memory() -> None:  # also overlaps: validation runs in the sandbox pool
+            if resumed is None:
+                await _import_initial(cfg, store, pool, writer)
+            imported.set()
+
         tg.start_soon(start_trainer)
+        tg.start_soon(seed_memory)
         engines = await stack.enter_async_context(
             running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
         )
         urls = [e.url for e in engines]
         await trainer_up.wait()
+        await imported.wait()
         client = await stack.enter_async_context(GenerationClient(urls, cfg.client))
         tel = stack.enter_context(
             Telemetry(run_dir.root, cfg.telemetry, run_config=to_toml_dict(cfg))

@@ -83,7 +83,7 @@ async def producer(
                 sh.window_start = st.version
                 st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
                 hints = {}
-            envs = cycle.env_refs(rt, st.current_envs + cycle.replay(rt, cfg.replay_envs))
+            envs = cycle.env_refs(rt, st.current_envs + await cycle.replay(rt, cfg.replay_envs))
             sh.envs_per_step = pc.groups_per_step or max(1, len(envs))
             if not envs:  # nothing valid to play: an empty step (as in sync), then regenerate
                 if not cfg.designer_enabled:

@@ -13,7 +13,7 @@ async def sync_step(rt: Runtime, window: cycle.Window) -> cycle.Window:
     if regen:
         window = cycle.Window(samples=await cycle.regenerate(rt, st.version))
         st.current_envs = [s.env_id for s in window.samples if s.env_id]
-    envs = cycle.env_refs(rt, st.current_envs + cycle.replay(rt, cfg.replay_envs))
+    envs = cycle.env_refs(rt, st.current_envs + await cycle.replay(rt, cfg.replay_envs))
     hints = await cycle.hints_for(rt, envs)
     episodes = await cycle.play(rt, envs, hints, st.version)
     dists = await cycle.score(rt, episodes, window if cfg.designer_enabled else None)

@@ -1,0 +1,91 @@
+"""Episodes and designer samples -> trainer samples: GRPO per env, fan-out, staleness."""
+
+from spade_async.batcher import agent_samples, designer_samples, drop_stale
+from spade_async.envs.validate import Verdict
+from spade_async.roles.agent import AgentConfig, Episode
+from spade_async.roles.designer import DesignSample
+
+
+def _ep(env: str, reward: float, hinted: bool = False, version: int = 3) -> Episode:
+    # prompt [1, 2], turn 1 -> [3, 4], observation [5], turn 2 -> [6]
+    return Episode(
+        env_id=env,
+        seed=0,
+        hinted=hinted,
+        token_ids=[1, 2, 3, 4, 5, 6],
+        loss_mask=[0, 0, 1, 1, 0, 1],
+        logprobs=[0, 0, -0.5, -0.25, 0, -1.0],
+        turn_spans=[(2, 4), (5, 6)],
+        turn_versions=[version, version + 1],
+        reward=reward,
+        status="terminated",
+        turns=2,
+        messages=[],
+    )
+
+
+def test_grpo_per_environment_and_hinted_plays_excluded():
+    eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("b", 0.5), _ep("b", 0.5), _ep("a", 1.0, hinted=True)]
+    samples, zero = agent_samples(eps, AgentConfig())
+    assert len(samples) == 2
+    assert samples[0].advantage > 0.99 and samples[1].advantage < -0.99  # env a: z-scores +-1
+    assert zero == 2  # env b: equal rewards, nothing to learn
+    assert all(s.policy_version == 3 for s in samples)  # oldest turn's version
+    samples, _ = agent_samples(eps, AgentConfig(train_on_hinted=True))
+    assert len(samples) == 2  # the lone hinted play forms its own group: zero advantage
+
+
+def test_thinking_fanout_one_sample_per_turn_with_episode_advantage():
+    samples, _ = agent_samples([_ep("a", 1.0), _ep("a", 0.0)], AgentConfig(thinking_fanout=True))
+    assert len(samples) == 4
+    first, second = samples[0], samples[1]
+    assert first.token_ids == [1, 2, 3, 4] and first.loss_mask == [0, 0, 1, 1]
+    assert second.token_ids == [1, 2, 3, 4, 5, 6] and second.loss_mask == [0, 0, 0, 0, 0, 1]
+    assert first.advantage == second.advantage and (
+        first.policy_version,
+        second.policy_version,
+    ) == (3, 4)
+
+
+def test_designer_samples_mask_and_scale():
+    v = Verdict(valid=True, stage="ok", reason="")
+    ds = [
+        DesignSample(
+            prompt_ids=[1, 2],
+            output_ids=[3, 4],
+            logprobs=[-0.1, -0.2],
+            skill="x",
+            doc_id=None,
+            version=0,
+            verdict=v,
+        )
+    ] * 3
+    out = designer_samples(ds, [0.5, 0.0, -0.2], [True, True, False], scale=4.0)
+    assert len(out) == 1 and out[0].advantage == 2.0 and out[0].role == "designer"
+    assert out[0].loss_mask == [0, 0, 1, 1] and out[0].rollout_logprobs == [0.0, 0.0, -0.1, -0.2]
+
+
+def test_drop_stale_respects_max_staleness_and_designer_slack():
+    a_old, a_ok = _ep("a", 1.0, version=1), _ep("a", 0.0, version=4)
+    samples, _ = agent_samples([a_old, a_ok], AgentConfig())
+    kept, dropped = drop_stale(samples, version=5, max_staleness=1)
+    assert dropped == 1 and [s.policy_version for s in kept] == [4]
+    v = Verdict(valid=True, stage="ok", reason="")
+    d = designer_samples(
+        [
+            DesignSample(
+                prompt_ids=[1],
+                output_ids=[2],
+                logprobs=[-0.1],
+                skill="x",
+                doc_id=None,
+                version=1,
+                verdict=v,
+            )
+        ],
+        [1.0],
+        [True],
+        1.0,
+    )
+    assert drop_stale(d, version=5, max_staleness=1, designer_slack=4)[1] == 0
+    assert drop_stale(d, version=5, max_staleness=1, designer_slack=2)[1] == 1
