@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -141,3 +142,58 @@ def test_bad_model_path_is_one_line_and_exit_2(tmp_path):
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2, proc.stderr
         assert lines[-1].startswith("spade-engine: error: model") and model in lines[-1]
+
+
+def test_request_bodies_follow_sglang_io_struct():
+    """What the client sends, endpoint by endpoint, against SGLang's io_struct field names."""
+    seen: dict[str, dict] = {}
+
+    async def record(request):
+        body = await request.body()
+        seen[request.url.path] = json.loads(body) if body else {}
+        if request.url.path == "/generate":
+            return JSONResponse({"text": "a", "output_ids": [7], "meta_info": {
+                "id": "x", "prompt_tokens": 2, "completion_tokens": 1, "cached_tokens": 0,
+                "finish_reason": {"type": "stop", "matched": 7}, "weight_version": "v1",
+                "output_token_logprobs": [[-0.5, 7, None]], "e2e_latency": 0.1}})
+        if request.url.path == "/get_model_info":
+            return JSONResponse({"model_path": "/m", "tokenizer_path": "/m", "is_generation": True,
+                                 "weight_version": "v2", "preferred_sampling_params": None})
+        return JSONResponse({"success": True, "message": "ok"})
+
+    paths = ["/generate", "/get_model_info", "/init_weights_update_group",
+             "/update_weights_from_distributed", "/update_weights_from_tensor",
+             "/update_weights_from_disk", "/pause_generation", "/continue_generation", "/flush_cache"]
+    url, stop = _serve(Starlette(routes=[Route(p, record, methods=["GET", "POST"]) for p in paths]))
+    try:
+        async def main():
+            async with GenerationClient([url], FAST) as client:
+                res = await client.generate(
+                    [1, 2], SamplingParams(max_new_tokens=5, temperature=0.6, stop=["</a>"],
+                                           stop_token_ids=[2], sampling_seed=3))
+                await client.init_weights_update_group("10.0.0.2", 29500, ranks_per_engine=[4])
+                v_dist = await client.update_weights_from_distributed(
+                    ["w"], ["bfloat16"], [[2, 3]], weight_version="v2")
+                await client.update_weights_from_tensor(["b64"], weight_version="v2")
+                await client.update_weights_from_disk("/ckpt/step-2", weight_version="v2")
+                await client.pause()
+                await client.resume()
+                await client.flush_cache()
+                return res, v_dist
+
+        res, v_dist = anyio.run(main)
+    finally:
+        stop()
+    assert res.output_ids == [7] and res.matched == 7 and res.finish_reason == "stop"
+    assert v_dist == {url: "v2"}
+    assert seen["/generate"] == {
+        "input_ids": [1, 2], "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0.6, "stop": ["</a>"],
+                            "stop_token_ids": [2], "sampling_seed": 3}}
+    assert seen["/init_weights_update_group"] == {
+        "master_address": "10.0.0.2", "master_port": 29500, "rank_offset": 1, "world_size": 5}
+    assert seen["/update_weights_from_distributed"] == {
+        "names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 3]], "weight_version": "v2"}
+    assert seen["/update_weights_from_tensor"] == {"serialized_named_tensors": ["b64"], "weight_version": "v2"}
+    assert seen["/update_weights_from_disk"] == {"model_path": "/ckpt/step-2", "weight_version": "v2"}
+    assert seen["/pause_generation"] == {"mode": "abort"} and "/flush_cache" in seen
