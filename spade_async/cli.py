@@ -50,8 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     except SpadeError as exc:
         print(f"spade {name}: error: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # from a task group: report the user-facing cause
+        errors = _leaves(group)
+        spade = [e for e in errors if isinstance(e, SpadeError)]
+        if not spade or len(spade) != len(
+            [e for e in errors if not isinstance(e, KeyboardInterrupt)]
+        ):
+            raise
+        print(f"spade {name}: error: {spade[0]}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 if __name__ == "__main__":

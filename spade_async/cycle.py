@@ -18,6 +18,7 @@ from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import (
     centre_per_skill,
     designer_reward,
+    ema,
     regret,
     role_balance_scale,
     win_rate,
@@ -223,24 +224,28 @@ async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[lis
     from spade_async.batcher import designer_samples
 
     cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
-    rewards = []
+    rewards, rates = [], defaultdict(list)
     for s in window.samples:
         if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
             rewards.append(0.0)
             continue
-        hinted, plain = (
-            window.hint_rewards.get(s.env_id, []),
-            window.nohint_rewards.get(s.env_id, []),
-        )
+        hinted = window.hint_rewards.get(s.env_id, [])
+        plain = window.nohint_rewards.get(s.env_id, [])
+        rate = win_rate(plain, thr)
         value = designer_reward(
             cfg,
             regret_value=regret(hinted, plain),
-            nohint_win_rate=win_rate(plain, thr),
+            nohint_win_rate=rate,
             nohint_rewards=plain,
+            slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
             duplicate=s.duplicate,
         )
         rewards.append(value)
+        rates[s.skill].append(rate)
         await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
+    for skill, values in rates.items():  # the slow baseline moves after the window is scored
+        prev = rt.state.skill_ema.get(skill)
+        rt.state.skill_ema[skill] = ema(prev, sum(values) / len(values), cfg.ema_decay)
     adv, keep = centre_per_skill(
         rewards, [s.skill for s in window.samples], mask_negative=cfg.mask_negative
     )

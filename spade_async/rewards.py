@@ -45,6 +45,9 @@ class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         True
     )
     max_role_scale: Doc(float, "cap of the designer role-balance scale") = 50.0
+    ema_decay: Doc(float, "'learning_potential': decay of the slow per-skill EMA of win rates") = (
+        0.9
+    )
     timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = (
         TIMEOUT_REWARD
     )

@@ -49,6 +49,7 @@ class ControllerState(msgspec.Struct, kw_only=True):
     current_envs: list[str] = []  # env ids the agent is playing in this regeneration window
     meters: dict[str, Any] = {}
     inflight_lost: int = 0
+    skill_ema: dict[str, float] = {}  # slow EMA of no-hint win rate per skill (learning potential)
 
 
 @dataclass

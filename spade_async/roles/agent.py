@@ -22,12 +22,19 @@ import msgspec
 from spade_async.config import Doc
 from spade_async.envs.pool import EnvError, EnvPool
 from spade_async.generation.chat import Conversation
-from spade_async.generation.client import GenerationClient
+from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.rewards import agent_outcome
 
 Status = Literal[
-    "terminated", "truncated", "turn_limit", "token_limit", "timeout", "env_error", "empty_reply"
+    "terminated",
+    "truncated",
+    "turn_limit",
+    "token_limit",
+    "timeout",
+    "env_error",
+    "empty_reply",
+    "engine_error",
 ]
 
 GAMES_SYSTEM = (
@@ -161,6 +168,8 @@ async def play_episode(
     except EnvError as exc:
         status = "timeout" if exc.kind == "timeout" else "env_error"
         reward, error = agent_outcome(0.0, False, timed_out=True), f"{exc.kind}: {exc}"
+    except EngineRequestError as exc:  # e.g. the episode outgrew the context: this request only
+        status, error = "engine_error", str(exc)
     finally:
         client.end_session(key)
         if inst is not None:

@@ -20,7 +20,7 @@ from spade_async.envs.extract import extract_code
 from spade_async.envs.pool import EnvPool
 from spade_async.envs.validate import Verdict, validate_source
 from spade_async.generation.chat import Conversation
-from spade_async.generation.client import GenerationClient
+from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.memory.records import Origin, make_record
 from spade_async.memory.sampling import designer_context
@@ -119,7 +119,10 @@ async def design_group(
     sampling = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=cfg.samples_per_prompt
     )
-    results = await client.generate_n(prompt_ids, sampling)
+    try:
+        results = await client.generate_n(prompt_ids, sampling)
+    except EngineRequestError as exc:  # e.g. a document too long for the context: skip the group
+        return [_rejected(prompt_ids, skill, doc_id, version, f"engine refused the prompt: {exc}")]
     out = []
     for res in results:
         sample = DesignSample(
@@ -143,11 +146,14 @@ async def design_group(
                 conv = Conversation(tokenizer, messages)
                 conv.add_assistant(res.output_ids, None, res.text)
             conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
-            fix = await client.generate(
-                conv.token_ids,
-                SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-                return_logprob=False,
-            )
+            try:
+                fix = await client.generate(
+                    conv.token_ids,
+                    SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                    return_logprob=False,
+                )
+            except EngineRequestError:  # the repair conversation outgrew the context
+                break
             conv.add_assistant(fix.output_ids, None, fix.text)
             sample.extra_tokens += len(fix.output_ids)
             source, verdict = await _check(fix.text, pool, cfg)
@@ -155,6 +161,19 @@ async def design_group(
             await _record(writer, run_dir, sample, source, verdict, cfg)
         out.append(sample)
     return out
+
+
+def _rejected(prompt_ids, skill, doc_id, version, reason: str) -> DesignSample:
+    """A group the engine refused: one untrained sample that counts as a failed design."""
+    return DesignSample(
+        prompt_ids=list(prompt_ids),
+        output_ids=[],
+        logprobs=[],
+        skill=skill,
+        doc_id=doc_id,
+        version=version,
+        verdict=Verdict(valid=False, stage="prompt", reason=reason),
+    )
 
 
 async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | None, Verdict]:

@@ -43,9 +43,32 @@ def test_bad_override_syntax():
 
 def test_field_docs_cover_every_leaf():
     rows = {path: doc for path, _, _, doc in field_docs(Outer)}
-    assert rows == {"name": "run name", "trainer.lr": "learning rate", "trainer.steps": "number of steps"}
+    assert rows == {
+        "name": "run name",
+        "trainer.lr": "learning rate",
+        "trainer.steps": "number of steps",
+    }
 
 
 def test_cli_unknown_command_exit_2():
-    r = subprocess.run([sys.executable, "-m", "spade_async.cli", "nope"], capture_output=True, text=True)
-    assert r.returncode == 2 and "unknown command 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "spade_async.cli", "nope"], capture_output=True, text=True
+    )
+    assert (
+        r.returncode == 2 and "unknown command 'nope'" in r.stderr and "Traceback" not in r.stderr
+    )
+
+
+def test_cli_reports_a_spade_error_from_a_task_group_as_one_line(monkeypatch, capsys):
+    import types
+
+    from spade_async import cli
+    from spade_async.errors import SpadeError
+
+    def boom(argv):
+        raise ExceptionGroup("tg", [ExceptionGroup("inner", [SpadeError("engine http://x died")])])
+
+    monkeypatch.setitem(sys.modules, "fake_cmd", types.SimpleNamespace(main=boom))
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("fake_cmd", "test"))
+    assert cli.main(["fake"]) == 2
+    assert capsys.readouterr().err.strip() == "spade fake: error: engine http://x died"
