@@ -286,6 +286,14 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
     return metrics
 
 
+async def health(rt: Runtime) -> dict[str, bool]:
+    """Engine and trainer health for the dashboard (one /health probe per engine)."""
+    status = await rt.client.check_health()
+    out = {f"engine/{i}/healthy": status.get(url, False) for i, url in enumerate(rt.engine_urls)}
+    out["trainer/healthy"] = rt.trainer_proc.alive() is None
+    return out
+
+
 def step_record(
     rt: Runtime,
     episodes,

@@ -67,7 +67,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         "spade | fixed_pool | frozen_designer | no_corpus | no_memory | no_designer_training | no_designer_training_no_memory",
     ) = "spade"
     schedule: Doc(
-        Literal["sync", "async"], "async: generation and training overlap; sync: generate, train, push in turn"
+        Literal["sync", "async"],
+        "async: generation and training overlap; sync: generate, train, push in turn",
     ) = "async"
     max_steps: Doc(int, "policy updates to run") = 400
     seed: Doc(int, "seed for document, skill, memory and episode sampling") = 0

@@ -165,6 +165,7 @@ async def consumer(
                     "stream/groups/capacity": cfg.pipeline.queue_groups,
                     "stream/memory_writes/fill": rt.writer.depth,
                     "stream/memory_writes/capacity": cfg.memory.queue_size,
+                    **await cycle.health(rt),
                 },
             ),
         )

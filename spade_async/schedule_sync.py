@@ -37,7 +37,15 @@ async def sync_step(rt: Runtime, window: cycle.Window) -> cycle.Window:
     rt.tel.log(
         st.step,
         cycle.step_record(
-            rt, episodes, samples, dists, train_metrics, zero_adv, designer_mean, trained_at
+            rt,
+            episodes,
+            samples,
+            dists,
+            train_metrics,
+            zero_adv,
+            designer_mean,
+            trained_at,
+            await cycle.health(rt),
         ),
     )
     if st.step % cfg.checkpoint_every == 0 or st.step == cfg.max_steps:

@@ -26,8 +26,11 @@ def main(argv: list[str]) -> int:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set trainer.lr=1e-6 (repeatable)",
     )
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the launch plan (every process, its GPUs, its command line) and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the launch plan (every process, its GPUs, its command line) and exit",
+    )
     args = p.parse_args(argv)
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.config))
     if args.dry_run:  # the plan only: nothing is started or created
