@@ -43,13 +43,13 @@ def _cfg(model) -> TrainerConfig:
 
 
 def test_resume_in_fresh_process_matches_straight_run(tiny_model, tmp_path):
+    # 4 steps straight (saving after step 2 changes nothing), then a fresh torchrun that
+    # loads the step-2 checkpoint and takes steps 3 and 4 again
     with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "a") as client:
-        lrs = [client.train_step(_batch(s))["lr"] for s in range(4)]
-        client.export_hf(str(tmp_path / "straight"))
-    with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "b") as client:
-        for s in range(2):
-            client.train_step(_batch(s))
+        lrs = [client.train_step(_batch(s))["lr"] for s in range(2)]
         client.save(str(tmp_path / "ck"))
+        lrs += [client.train_step(_batch(s))["lr"] for s in (2, 3)]
+        client.export_hf(str(tmp_path / "straight"))
     with TrainerProcess(_cfg(tiny_model), tiny_model, tmp_path / "c") as client:
         loaded = client.load(str(tmp_path / "ck"))
         assert (loaded.step, loaded.version) == (2, 2)
