@@ -286,6 +286,55 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
     return metrics
 
 
+async def learn(
+    rt: Runtime,
+    episodes: list[Episode],
+    window: Window,
+    *,
+    window_ends: bool,
+    pause: bool,
+    extra: dict | None = None,
+) -> None:
+    """Everything after play, for both schedules: score -> agent (and, at the end of a
+    regeneration window, designer) samples -> staleness filter -> train + push -> log ->
+    checkpoint."""
+    from spade_async.batcher import agent_samples, drop_stale
+
+    cfg, st = rt.cfg, rt.state
+    dists = await score(rt, episodes, window if cfg.designer_enabled else None)
+    samples, zero_adv = agent_samples(episodes, cfg.agent)
+    designer_mean = None
+    if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
+        designer, designer_mean = await designer_batch(rt, window, len(samples))
+        samples += designer
+        window.samples = []  # each window is scored once
+    samples, stale = drop_stale(
+        samples,
+        version=st.version,
+        max_staleness=cfg.max_staleness,
+        designer_slack=cfg.regen_interval,
+    )
+    rt.meters.count("staleness/dropped", stale)
+    trained_at = st.version
+    train_metrics = await train_and_push(rt, samples, pause=pause)
+    st.step += 1
+    write_transcripts(rt, episodes)
+    record = step_record(
+        rt,
+        episodes,
+        samples,
+        dists,
+        train_metrics,
+        zero_adv,
+        designer_mean,
+        trained_at,
+        {**(extra or {}), **await health(rt)},
+    )
+    rt.tel.log(st.step, record)
+    if st.step % cfg.checkpoint_every == 0 or st.step == cfg.max_steps:
+        await rt.checkpoint()
+
+
 async def health(rt: Runtime) -> dict[str, bool]:
     """Engine and trainer health for the dashboard (one /health probe per engine)."""
     status = await rt.client.check_health()

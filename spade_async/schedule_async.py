@@ -25,7 +25,6 @@ import msgspec
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from spade_async import cycle
-from spade_async.batcher import agent_samples, drop_stale
 from spade_async.config import Doc
 from spade_async.errors import SpadeError
 from spade_async.roles.agent import EnvRef, Episode
@@ -128,49 +127,22 @@ async def consumer(
                 continue
             groups.append(g)
         episodes = [e for g in groups for e in g.episodes]
-        dists = await cycle.score(rt, episodes, sh.window if cfg.designer_enabled else None)
-        samples, zero_adv = agent_samples(episodes, cfg.agent)
-        designer_mean = None
         window_ends = (
             sh.window_start >= 0 and st.version + 1 - sh.window_start >= cfg.regen_interval
         )
-        if cfg.designer_enabled and cfg.designer_train and window_ends and sh.window.samples:
-            designer, designer_mean = await cycle.designer_batch(rt, sh.window, len(samples))
-            samples += designer
-            sh.window.samples = []  # scored once
-        samples, stale = drop_stale(
-            samples,
-            version=st.version,
-            max_staleness=cfg.max_staleness,
-            designer_slack=cfg.regen_interval,
+        await cycle.learn(
+            rt,
+            episodes,
+            sh.window,
+            window_ends=window_ends,
+            pause=True,
+            extra={
+                "stream/groups/fill": recv.statistics().current_buffer_used,
+                "stream/groups/capacity": cfg.pipeline.queue_groups,
+                "stream/memory_writes/fill": rt.writer.depth,
+                "stream/memory_writes/capacity": cfg.memory.queue_size,
+            },
         )
-        rt.meters.count("staleness/dropped", stale)
-        trained_at = st.version
-        train_metrics = await cycle.train_and_push(rt, samples, pause=True)
-        st.step += 1
-        cycle.write_transcripts(rt, episodes)
-        rt.tel.log(
-            st.step,
-            cycle.step_record(
-                rt,
-                episodes,
-                samples,
-                dists,
-                train_metrics,
-                zero_adv,
-                designer_mean,
-                trained_at,
-                {
-                    "stream/groups/fill": recv.statistics().current_buffer_used,
-                    "stream/groups/capacity": cfg.pipeline.queue_groups,
-                    "stream/memory_writes/fill": rt.writer.depth,
-                    "stream/memory_writes/capacity": cfg.memory.queue_size,
-                    **await cycle.health(rt),
-                },
-            ),
-        )
-        if st.step % cfg.checkpoint_every == 0 or st.step == cfg.max_steps:
-            await rt.checkpoint()
 
 
 async def run_async(rt: Runtime, stop: anyio.Event) -> None:

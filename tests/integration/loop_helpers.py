@@ -20,7 +20,7 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
     pool.mkdir(exist_ok=True)
     for name in ("mastermind.py", "modular_lock.py"):
         shutil.copy(EXAMPLES / name, pool / name)
-    shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")  # varied rewards
+    shutil.copy(HERE / "envs" / "lower_share.py", pool / "lower_share.py")  # varied rewards
     overrides = [
         f"mode={mode}",
         "schedule='sync'",

@@ -17,16 +17,9 @@ import re
 from pathlib import Path
 
 from spade_async.errors import UsageError
+from spade_async.roles.prompts import SKILLS  # the six game skills of SPADE.md
 
 HERE = Path(__file__).resolve().parent
-SKILLS = (
-    "Mathematical_Reasoning",
-    "Logical_Deduction",
-    "Spatial_Reasoning",
-    "Pattern_Recognition",
-    "Optimization",
-    "Causal_Inference",
-)
 SETTINGS = ("games", "tool_use")
 
 # file name -> (skill, setting)
