@@ -45,5 +45,5 @@ def main(argv: list[str]) -> int:
         ("checkpoints/", "trainer + controller state (rerun to resume)"),
         ("hf/", "the trained policy, loadable by transformers"),
     ]:
-        print(f"  {run / name:<45} {what}")
+        print(f"  {f'{run}/{name}':<45} {what}")
     return code
