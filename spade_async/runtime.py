@@ -45,7 +45,6 @@ class ControllerState(msgspec.Struct, kw_only=True):
 
     step: int = 0
     version: int = 0
-    rng_seed_offset: int = 0
     current_envs: list[str] = []  # env ids the agent is playing in this regeneration window
     meters: dict[str, Any] = {}
     inflight_lost: int = 0
