@@ -152,6 +152,12 @@ def check(cfg: Config) -> None:
         raise ConfigError("max_steps and regen_interval must be at least 1")
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness = {cfg.max_staleness}: must be >= 0")
+    if cfg.agent.temperature <= 0 or cfg.designer.temperature <= 0:
+        raise ConfigError(
+            f"agent.temperature ({cfg.agent.temperature}) and designer.temperature "
+            f"({cfg.designer.temperature}) must be > 0: trained rollouts are sampled, and their "
+            "log-probs are log_softmax(logits / T)"
+        )
     temps = {cfg.agent.temperature, cfg.designer.temperature}
     if cfg.designer_enabled and cfg.designer_train and len(temps) > 1:
         raise ConfigError(

@@ -122,3 +122,13 @@ def test_spade_train_dry_run_on_this_machine(tmp_path):
     assert "--nproc-per-node=4" in out.stdout and "--tp-size 1" in out.stdout
     assert any(line.startswith("warning: GPU(s) 0, 1, 2, 3, 4, 5, 6, 7") for line in lines)
     assert not run_dir.exists()
+
+
+def test_greedy_trained_rollouts_are_refused():
+    import pytest
+
+    from spade_async import recipe
+    from spade_async.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="must be > 0"):
+        recipe.load(None, ["agent.temperature=0", "designer.temperature=0"])
