@@ -145,7 +145,10 @@ async def play_episode(
                 res = await client.generate(
                     conv.token_ids,
                     SamplingParams(
-                        max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p
+                        max_new_tokens=budget,
+                        temperature=cfg.temperature,
+                        top_p=cfg.top_p,
+                        sampling_seed=(seed * 1009 + conv.turns) % 2**31,  # reproducible plays
                     ),
                     session_key=key,
                 )

@@ -49,7 +49,7 @@ def test_end_to_end_learning(tiny_model, tmp_path):
             "mode='fixed_pool'",
             "schedule='sync'",
             f"model='{tiny_model}'",
-            "max_steps=30",
+            "max_steps=40",
             "replay_envs=1",
             "initial_memory=''",
             f"fixed_pool='{pool}'",

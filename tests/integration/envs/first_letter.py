@@ -1,12 +1,12 @@
 """A trivially learnable environment with a dense reward, for the end-to-end learning test.
 
-The agent wins when its reply starts with one of the letters a, e, o, u (lower case);
-another lower-case letter earns partial credit. A random tiny model starts near 0.1.
+The agent wins when its reply starts with the letter a or e (lower case);
+another lower-case letter earns partial credit. A random tiny model starts well under 0.2.
 """
 
 import random
 
-WIN = "aeou"
+WIN = "ae"
 
 
 class FirstLetterEnv:
@@ -17,7 +17,7 @@ class FirstLetterEnv:
     def reset(self, seed=None):
         self.rng = random.Random(seed)
         self.done = False
-        return "Reply with a word that starts with a, e, o or u.", {}
+        return "Reply with a word that starts with a or e.", {}
 
     def step(self, action):
         text = (action or "").lstrip()
