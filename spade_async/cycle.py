@@ -271,9 +271,7 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
     # shielded: a Ctrl-C never leaves the trainer mid-call or the engines behind its version
     with anyio.CancelScope(shield=True), rt.meters.busy("trainer"):
         metrics = await rt.trainer.train_step(Batch(samples=samples))
-        # SGLang: pause in place around the push. The CPU engine needs no pause: it drains
-        # in-flight decode steps and swaps weights between two of them, atomically.
-        pause = pause and rt.cfg.engine.kind == "sglang"
+        # generation pauses in place (KV kept) only for the push, then resumes on the new weights
         if pause:
             await rt.client.pause(rt.cfg.pipeline.pause_mode)
         try:
