@@ -43,9 +43,8 @@ class Window:
 
 async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
     d = rt.cfg.designer
-    skills = list(
-        rt.rng.choice(d.skills, size=min(d.skills_per_regen, len(d.skills)), replace=False)
-    )
+    picks = rt.rng.choice(len(d.skills), size=min(d.skills_per_regen, len(d.skills)), replace=False)
+    skills = [d.skills[int(i)] for i in picks]  # plain str: records are msgpack-encoded
     groups = []
     for skill in skills:
         for _ in range(d.prompts_per_skill):
