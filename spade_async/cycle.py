@@ -355,6 +355,7 @@ def step_record(
     trainer's version when it took this batch; sample age = trained_at - sample version)."""
     st, cfg = rt.state, rt.cfg
     rt.meters.count("agent/consumed", len(episodes))
+    mem = rt.store.stats()  # index counts, no scan
     rewards = [e.reward for e in episodes if not e.hinted]
     return {
         "version": st.version,
@@ -371,7 +372,8 @@ def step_record(
             (trained_at - s.policy_version for s in samples if s.role == "agent"), default=0
         ),
         "batch/versions": sorted({s.policy_version for s in samples}),
-        "memory/size": rt.store.stats().get("total", 0),
+        "memory/size": mem["total"],
+        "memory/duplicates": mem["duplicates"],
         **{f"train/{k}": v for k, v in train_metrics.items()},
         **(extra or {}),
     }
