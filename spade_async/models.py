@@ -125,9 +125,15 @@ def tiny_model_dir(
     tokenizer: str = "smollm2-135m-instruct",
     hidden_size: int = 64,
     num_layers: int = 2,
+    intermediate_size: int = 0,
+    vocab_size: int = 0,
     seed: int = 0,
 ) -> Path:
-    """Write a random-initialised Llama (same tokenizer and vocab as ``tokenizer``) to ``path``."""
+    """Write a random-initialised Llama (``tokenizer``'s tokenizer) to ``path``.
+
+    ``intermediate_size`` defaults to 2 * hidden; ``vocab_size`` to the tokenizer's. A smaller
+    vocabulary (benchmarks that shape the body:head cost ratio) keeps only the first ids.
+    """
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -136,9 +142,9 @@ def tiny_model_dir(
         return path
     tok = AutoTokenizer.from_pretrained(tokenizer_dir(tokenizer))
     config = LlamaConfig(
-        vocab_size=len(tok),
+        vocab_size=vocab_size or len(tok),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=intermediate_size or hidden_size * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -108,8 +108,8 @@ class TrainerClient:
     def ping(self, timeout: float | None = 60.0) -> rpc.Pong:
         return self.call(rpc.Ping(), timeout=timeout)
 
-    def train_step(self, batch: Batch, *, packing: bool | None = None) -> dict[str, float]:
-        return self.call(rpc.TrainStep(batch, packing)).metrics
+    def train_step(self, batch: Batch, *, layout: str | None = None) -> dict[str, float]:
+        return self.call(rpc.TrainStep(batch, layout)).metrics
 
     def push_weights(self, engines: list[str], *, mode: str = "disk", **kw) -> rpc.WeightsPushed:
         return self.call(rpc.PushWeights(engines=list(engines), mode=mode, **kw))

@@ -39,7 +39,7 @@ def make_executor(trainer: Trainer):
     def execute(req: rpc.Request) -> rpc.Reply:
         if isinstance(req, rpc.TrainStep):
             return rpc.StepDone(
-                metrics=trainer.train_step(req.batch, validated=True, packing=req.packing)
+                metrics=trainer.train_step(req.batch, validated=True, layout=req.layout)
             )
         if isinstance(req, rpc.PushWeights):
             t0 = time.perf_counter()

@@ -22,7 +22,13 @@ import torch
 
 from spade_async.trainer.batch import Sample
 
-__all__ = ["MicroBatch", "plan_microbatches", "build_microbatch", "loss_denominator"]
+__all__ = ["LAYOUTS", "MicroBatch", "plan_microbatches", "build_microbatch", "loss_denominator"]
+
+# packed: one row per micro-batch; padded: rows padded to the micro-batch's longest (dynamic
+# padding, as OpenRLHF/TRL collate); padded_max: every row padded to the batch's longest
+# (one static shape, as verl without remove_padding). Only "packed" and "padded" are config
+# choices; "padded_max" exists as the benchmark's conventional baseline.
+LAYOUTS = ("packed", "padded", "padded_max")
 
 
 @dataclass(frozen=True)
@@ -118,9 +124,12 @@ def plan_microbatches(
 
 
 def build_microbatch(
-    samples: list[Sample], indices: list[int], *, packed: bool = True
+    samples: list[Sample], indices: list[int], *, packed: bool = True, pad_to: int = 0
 ) -> MicroBatch:
-    """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, mask 0)."""
+    """Tensors for one micro-batch (CPU); ``indices`` may be empty (a 2-token dummy, mask 0).
+
+    ``pad_to`` (padded only) widens every row to at least that many positions.
+    """
     if not indices:
         z = torch.zeros(1, 2, dtype=torch.long)
         f = torch.zeros(2)
@@ -139,7 +148,7 @@ def build_microbatch(
         )
     seqs = [samples[i] for i in indices]
     rows = [len(s.token_ids) for s in seqs]
-    width = sum(rows) if packed else max(rows)
+    width = sum(rows) if packed else max(*rows, pad_to)
     n_rows = 1 if packed else len(seqs)
     ids = torch.zeros(n_rows, width, dtype=torch.long)
     pos = torch.zeros(n_rows, width, dtype=torch.long)

@@ -14,6 +14,7 @@ import socket
 import struct
 import traceback
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 import torch.distributed as dist
@@ -50,7 +51,8 @@ class Ping(msgspec.Struct, tag=True, frozen=True):
 
 class TrainStep(msgspec.Struct, tag=True, frozen=True):
     batch: Batch
-    packing: bool | None = None  # override TrainerConfig.packing for this step (benchmarks)
+    # override cfg.packing for this step (benchmarks): see trainer.packing.LAYOUTS
+    layout: Literal["packed", "padded", "padded_max"] | None = None
 
 
 class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -22,7 +22,12 @@ from spade_kernels import policy_loss
 from spade_async.trainer.batch import Batch, validate_batch
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.model import PolicyModel, load_policy
-from spade_async.trainer.packing import build_microbatch, loss_denominator, plan_microbatches
+from spade_async.trainer.packing import (
+    LAYOUTS,
+    build_microbatch,
+    loss_denominator,
+    plan_microbatches,
+)
 
 __all__ = ["Trainer", "lr_lambda"]
 
@@ -110,7 +115,7 @@ class Trainer:
         return loss, metrics
 
     def accumulate(
-        self, batch: Batch, packing: bool | None = None
+        self, batch: Batch, layout: str | None = None
     ) -> tuple[torch.Tensor, list[str], int]:
         """Forward + backward over this rank's micro-batches; gradients stay in ``.grad``.
 
@@ -118,7 +123,11 @@ class Trainer:
         (this rank's share; sum it over ranks), the metric names and the micro-batch count.
         """
         samples = batch.samples
-        packed = self.cfg.packing if packing is None else packing
+        layout = layout or ("packed" if self.cfg.packing else "padded")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+        packed = layout == "packed"
+        pad_to = max(len(s.token_ids) for s in samples) if layout == "padded_max" else 0
         denominator = loss_denominator(samples, self.cfg.loss_agg)
         plan = plan_microbatches(
             [len(s.token_ids) for s in samples],
@@ -131,7 +140,8 @@ class Trainer:
         loss_tokens = torch.zeros((), device=self.device)
         n_tokens = 0
         for indices in plan[self.rank]:
-            mb = build_microbatch(samples, indices, packed=packed).to(self.device)
+            mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
+            mb = mb.to(self.device)
             loss, metrics = self._loss(mb, denominator)
             loss.backward()
             loss_sum += loss.detach()
@@ -152,16 +162,17 @@ class Trainer:
         return vec, keys, len(plan[self.rank])
 
     def train_step(
-        self, batch: Batch, *, validated: bool = False, packing: bool | None = None
+        self, batch: Batch, *, validated: bool = False, layout: str | None = None
     ) -> dict[str, float]:
         """Validate (unless the caller did), run every micro-batch of this rank, then step.
 
-        ``packing`` overrides ``cfg.packing`` for this step (benchmarks compare layouts).
+        ``layout`` (one of ``packing.LAYOUTS``) overrides ``cfg.packing`` for this step
+        (benchmarks compare layouts).
         """
         t0 = time.perf_counter()
         if not validated:
             validate_batch(batch, self.vocab_size)
-        vec, keys, n_micro = self.accumulate(batch, packing)
+        vec, keys, n_micro = self.accumulate(batch, layout)
         grad_norm = self._clip_grad_norm()
         if self.distributed:
             dist.all_reduce(vec)

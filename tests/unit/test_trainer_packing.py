@@ -18,11 +18,14 @@ def _samples(n: int, seed: int = 0, vocab: int = 49152) -> list[Sample]:
     for _ in range(n):
         length = rng.choice([3, 5, 9, 17, 40])
         mask = [0] * (length // 2) + [1] * (length - length // 2)
-        out.append(Sample(
-            token_ids=[rng.randrange(vocab) for _ in range(length)], loss_mask=mask,
-            advantage=rng.uniform(-1, 1),
-            rollout_logprobs=[-rng.uniform(5, 15) if m else 0.0 for m in mask],
-        ))
+        out.append(
+            Sample(
+                token_ids=[rng.randrange(vocab) for _ in range(length)],
+                loss_mask=mask,
+                advantage=rng.uniform(-1, 1),
+                rollout_logprobs=[-rng.uniform(5, 15) if m else 0.0 for m in mask],
+            )
+        )
     return out
 
 
@@ -45,8 +48,15 @@ def test_plan_pads_short_rank_with_empty_microbatch():
 
 
 def _run(policy, mb, **kw):
-    return policy(mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask,
-                  cu_seqlens=mb.cu_seqlens, max_seqlen=mb.max_seqlen, **kw)
+    return policy(
+        mb.input_ids,
+        mb.position_ids,
+        mb.target_T,
+        mb.attention_mask,
+        cu_seqlens=mb.cu_seqlens,
+        max_seqlen=mb.max_seqlen,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("attn", ["auto", "sdpa", "eager"])
@@ -72,8 +82,9 @@ def test_packed_logprobs_equal_unpacked(tiny_model, attn):
             sel = (mb.seq_T == i) & (mb.mask_T > 0)
             torch.testing.assert_close(packed_T[sel], alone_T[one.mask_T > 0], atol=1e-5, rtol=1e-5)
             sel_pad = (padded.seq_T == i) & (padded.mask_T > 0)
-            torch.testing.assert_close(padded_T[sel_pad], alone_T[one.mask_T > 0], atol=1e-5,
-                                       rtol=1e-5)
+            torch.testing.assert_close(
+                padded_T[sel_pad], alone_T[one.mask_T > 0], atol=1e-5, rtol=1e-5
+            )
         # and the packed row really differs from attending across samples
         flat_pos = torch.arange(mb.input_ids.shape[1]).unsqueeze(0)
         leaky_T = policy(mb.input_ids, flat_pos, mb.target_T)
@@ -87,13 +98,31 @@ def test_one_vs_four_microbatches_same_gradients(tiny_model, agg):
     samples = _samples(8, seed=1)
     batch = Batch(samples=samples)
     grads = []
-    for budget, packed in [(100_000, True), (40, True), (40, False)]:
-        cfg = TrainerConfig(model=str(tiny_model), micro_batch_tokens=budget, loss_agg=agg,
-                            packing=packed, old_logprobs="rollout")
+    for budget, layout in [(100_000, "packed"), (40, "packed"), (40, "padded"), (40, "padded_max")]:
+        cfg = TrainerConfig(
+            model=str(tiny_model), micro_batch_tokens=budget, loss_agg=agg, old_logprobs="rollout"
+        )
         trainer = Trainer(cfg, tiny_model)
-        _, _, n_micro = trainer.accumulate(batch)
-        assert n_micro == (1 if budget > 1000 else 4 if packed else 8)
+        _, _, n_micro = trainer.accumulate(batch, layout)
+        assert n_micro == (1 if budget > 1000 else 4 if layout == "packed" else 8)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()]))
     assert grads[0].abs().sum() > 0
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-5)
-    torch.testing.assert_close(grads[2], grads[0], atol=1e-7, rtol=1e-5)
+    for other in grads[1:]:
+        torch.testing.assert_close(other, grads[0], atol=1e-7, rtol=1e-5)
+
+
+def test_padded_max_pads_every_row_to_the_batch_longest():
+    samples = _samples(6, seed=2)
+    longest = max(len(s.token_ids) for s in samples)
+    mb = build_microbatch(samples, [0, 1], packed=False, pad_to=longest)
+    assert mb.input_ids.shape == (2, longest)
+    assert mb.n_tokens == len(samples[0].token_ids) + len(samples[1].token_ids)
+    assert int((mb.seq_T >= 0).sum()) == mb.n_tokens
+
+
+def test_unknown_layout_is_rejected(tiny_model):
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(TrainerConfig(model=str(tiny_model)), tiny_model)
+    with pytest.raises(ValueError, match="padded_max"):
+        trainer.accumulate(Batch(samples=_samples(2)), "diagonal")
