@@ -26,6 +26,7 @@ from spade_async.rewards import (
 from spade_async.roles.agent import EnvRef, Episode, play_episode, transcript
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
+from spade_async.runtime import push_targets
 from spade_async.trainer.batch import Batch, Sample
 
 if TYPE_CHECKING:
@@ -263,21 +264,33 @@ def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
 
 async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> dict[str, float]:
     """One trainer step, then the weights to every engine (paused around the push when
-    generation is in flight); the engines' version becomes the trainer's."""
+    generation is in flight); the engines' version becomes the trainer's.
+
+    Colocated with memory release (``rt.release_memory``; sync schedule, engines idle), the
+    engines give their GPU memory to the trainer first and take it back in slime's order:
+    release all -> train -> resume weights -> push -> resume the KV cache."""
     if not samples:
         rt.meters.count("train/empty_batches")
         return {}
     # shielded: a Ctrl-C never leaves the trainer mid-call or the engines behind its version
     with anyio.CancelScope(shield=True), rt.meters.busy("trainer"):
+        if rt.release_memory:
+            await rt.client.release_memory()
         metrics = await rt.trainer.train_step(Batch(samples=samples))
+        if rt.release_memory:
+            await rt.client.resume_memory(["weights"])
         # generation pauses in place (KV kept) only for the push, then resumes on the new weights
         if pause:
             await rt.client.pause(rt.cfg.pipeline.pause_mode)
         try:
-            pushed = await rt.trainer.push_weights(rt.engine_urls)
+            pushed = await rt.trainer.push_weights(
+                push_targets(rt.cfg, rt.engine_urls), **rt.push_kw
+            )
         finally:
             if pause:
                 await rt.client.resume()
+        if rt.release_memory:
+            await rt.client.resume_memory()
     rt.state.version = pushed.version
     rt.meters.add_tokens("trainer", sum(len(s.token_ids) for s in samples))
     return metrics

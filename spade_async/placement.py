@@ -47,6 +47,7 @@ __all__ = [
     "launch_plan",
     "format_plan",
     "describe",
+    "push_mode",
 ]
 
 
@@ -65,6 +66,23 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         "colocated: engines release weights and KV cache around each train step "
         "(SGLang needs --enable-memory-saver in engine.extra_args)",
     ) = True
+    weight_push: Doc(
+        Literal["auto", "disk", "distributed", "tensor"],
+        "how new weights reach the engines: disk (safetensors + /update_weights_from_disk), "
+        "distributed (NCCL broadcast from trainer rank 0, disaggregated SGLang), tensor (CUDA "
+        "IPC, colocated SGLang); auto picks disk for CPU engines or CPU trainer ranks, else "
+        "tensor when colocated, else distributed",
+    ) = "auto"
+
+
+def push_mode(cfg: Config) -> str:
+    """The weight-push path ``placement.weight_push`` resolves to."""
+    mode = cfg.placement.weight_push
+    if mode != "auto":
+        return mode
+    if cfg.engine.kind == "cpu" or not cfg.placement.trainer_gpus:
+        return "disk"
+    return "tensor" if cfg.placement.colocate else "distributed"
 
 
 class PlannedProcess(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,6 +150,27 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             "placement.colocate with release_memory needs SGLang's memory saver: add "
             "'--enable-memory-saver' to engine.extra_args (or set placement.release_memory = false)"
+        )
+    if pl.colocate and cfg.schedule != "sync":
+        raise ConfigError(
+            "placement.colocate = true needs schedule = 'sync': engines and trainer share the "
+            "GPUs and take turns, so generation cannot overlap training"
+        )
+    mode = push_mode(cfg)
+    if mode in ("distributed", "tensor") and eng.kind != "sglang":
+        raise ConfigError(
+            f"placement.weight_push = '{mode}' needs engine.kind = 'sglang'; CPU engines load "
+            "weights from disk (weight_push = 'disk' or 'auto')"
+        )
+    if mode in ("distributed", "tensor") and not pl.trainer_gpus:
+        raise ConfigError(
+            f"placement.weight_push = '{mode}' sends GPU tensors: give the trainer GPUs "
+            "(placement.trainer_gpus) or use weight_push = 'disk'"
+        )
+    if mode == "tensor" and not pl.colocate:
+        raise ConfigError(
+            "placement.weight_push = 'tensor' (CUDA IPC) needs placement.colocate = true: "
+            "disaggregated engines get weights by 'distributed' (NCCL) or 'disk'"
         )
     _check_tp(cfg)
 
@@ -273,6 +312,13 @@ def launch_plan(
     return out
 
 
+_PUSH_WORDS = {
+    "disk": "safetensors on disk (/update_weights_from_disk)",
+    "distributed": "NCCL broadcast from trainer rank 0 (/update_weights_from_distributed)",
+    "tensor": "CUDA IPC handles (/update_weights_from_tensor)",
+}
+
+
 def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str] = ()) -> str:
     """A readable table of the plan, then each full command line."""
     from rich.console import Console
@@ -283,6 +329,7 @@ def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str]
     how = "colocated (engines and trainer take turns)" if pl.colocate else "disaggregated"
     if pl.colocate and pl.release_memory:
         how += "; engines release/resume memory around each train step"
+    how += f"; weights pushed by {_PUSH_WORDS[push_mode(cfg)]}"
     console.print(
         f"launch plan for '{cfg.name}': mode {cfg.mode}, schedule {cfg.schedule}, "
         f"model {cfg.model}, placement {how}",

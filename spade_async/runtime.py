@@ -68,6 +68,8 @@ class Runtime:
     state: ControllerState
     engines: list = field(default_factory=list)
     resume_note: str = ""
+    release_memory: bool = False  # colocated: engines release GPU memory around train steps
+    push_kw: dict[str, Any] = field(default_factory=dict)  # PushWeights fields but engines
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
@@ -114,6 +116,28 @@ async def _import_initial(
         async with anyio.create_task_group() as tg:
             for src, kw in jobs:
                 tg.start_soon(partial(import_files, store, src, pool=pool, writer=writer, **kw))
+
+
+def push_kwargs(cfg: Config) -> dict[str, Any]:
+    """How ``push_weights`` reaches the engines (``placement.push_mode``): the mode, and for
+    NCCL the rendezvous of trainer rank 0 and the engines (all on this node)."""
+    from spade_async.engines import free_port
+    from spade_async.placement import push_mode
+
+    mode = push_mode(cfg)
+    kw: dict[str, Any] = {"mode": mode}
+    if mode == "distributed":
+        kw.update(master_address="127.0.0.1", master_port=free_port())
+    return kw
+
+
+def push_targets(cfg: Config, urls: list[str]) -> list[str]:
+    """Engine URLs as ``PushWeights`` takes them: GPU paths append each server's TP size."""
+    from spade_async.placement import push_mode
+
+    if push_mode(cfg) == "disk":
+        return list(urls)
+    return [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
 
 
 @contextlib.asynccontextmanager
@@ -182,6 +206,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             state=state,
             engines=engines,
             resume_note=_resume_note(run_dir, resumed, state),
+            release_memory=cfg.placement.colocate and cfg.placement.release_memory,
+            push_kw=push_kwargs(cfg),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
         if state.meters:

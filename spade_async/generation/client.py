@@ -210,6 +210,15 @@ class GenerationClient:
     async def resume(self) -> None:
         await self._all("/continue_generation", {})
 
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """SGLang ``/release_memory_occupation`` on every engine (``None``: weights and KV
+        cache). Colocated training frees the GPUs this way; engines must be idle."""
+        await self._all("/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        """SGLang ``/resume_memory_occupation`` (``None``: everything released)."""
+        await self._all("/resume_memory_occupation", {"tags": tags})
+
     async def flush_cache(self) -> None:
         await self._all("/flush_cache", None)
 

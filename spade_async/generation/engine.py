@@ -33,7 +33,13 @@ import torch
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.protocol import FinishReason, SamplingParams
 
-__all__ = ["Engine", "Sequence", "sample_tokens"]
+__all__ = ["MEMORY_TAGS", "Engine", "EngineBusy", "Sequence", "sample_tokens"]
+
+MEMORY_TAGS = ("weights", "kv_cache")  # SGLang's release/resume_memory_occupation tags
+
+
+class EngineBusy(RuntimeError):
+    """A request the engine cannot take in its current state (memory released, or busy)."""
 
 
 @dataclass
@@ -86,6 +92,8 @@ class Engine:
         self._swap: _Swap | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.released: set[str] = set()  # memory tags given back (colocated training)
+        self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         # batch state, touched only by the scheduler thread
         self.active: list[Sequence] = []
         self.cache: Any = None
@@ -106,6 +114,11 @@ class Engine:
 
     def submit(self, seqs: list[Sequence]) -> None:
         with self._cond:
+            if self.released:
+                raise EngineBusy(
+                    f"engine memory is released ({', '.join(sorted(self.released))}); "
+                    "POST /resume_memory_occupation first"
+                )
             self._pending.extend(seqs)
             self._cond.notify_all()
 
@@ -130,6 +143,37 @@ class Engine:
         with self._cond:
             self._paused = False
             self._cond.notify_all()
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Give back the weights' storage and/or the KV cache (SGLang's memory saver, used
+        when the trainer shares the device). Only while idle, as in SGLang; weights come
+        back by ``resume_memory`` with undefined contents until the next weight update."""
+        chosen = _tags(tags)
+        with self._cond:
+            busy = len(self._pending) + len(self.active)
+            if busy or self._swap is not None:
+                raise EngineBusy(
+                    f"release_memory_occupation needs an idle engine ({busy} requests running "
+                    "or waiting): pause_generation(mode='abort') or let them finish first"
+                )
+            if "weights" in chosen and "weights" not in self.released:
+                for name, p in self.model.named_parameters():
+                    self._shapes[name] = (p.shape, p.dtype)
+                    p.data = torch.empty(0, dtype=p.dtype)
+            if "kv_cache" in chosen:
+                self._reset_batch()
+            self.released |= chosen
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take memory back (``None``: every released tag). Weights are re-allocated empty:
+        push weights before generating, as after SGLang's resume without a CPU backup."""
+        chosen = _tags(tags) if tags is not None else set(self.released)
+        with self._cond:
+            if "weights" in chosen and "weights" in self.released:
+                for name, p in self.model.named_parameters():
+                    shape, dtype = self._shapes.pop(name)
+                    p.data = torch.empty(shape, dtype=dtype)
+            self.released -= chosen
 
     def swap_model(self, model: Any, version: str, *, abort: bool) -> concurrent.futures.Future:
         """Swap weights once running sequences finish (or are aborted; new ones wait), or at
@@ -199,6 +243,8 @@ class Engine:
     def _do_swap(self, swap: _Swap) -> None:
         self.model, self.weight_version = swap.model, swap.version
         with self._cond:
+            self.released.discard("weights")  # a new model brings its own weights
+            self._shapes.clear()
             if self._swap is swap:
                 self._swap = None
         swap.future.set_result(swap.version)
@@ -319,6 +365,14 @@ class Engine:
         seq.weight_version = self.weight_version
         if not seq.future.done():
             seq.future.set_result(seq)
+
+
+def _tags(tags: list[str] | None) -> set[str]:
+    chosen = set(MEMORY_TAGS if tags is None else tags)
+    unknown = sorted(chosen - set(MEMORY_TAGS))
+    if unknown:
+        raise ValueError(f"memory tag(s) {unknown} are not among {list(MEMORY_TAGS)}")
+    return chosen
 
 
 def _cache_kw(model: Any) -> str:

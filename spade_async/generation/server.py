@@ -10,12 +10,14 @@ prompt or a batch, ``text`` too; ``sampling_params`` one dict or one per prompt;
 ``GET /get_weight_version`` (also ``/weight_version``), ``POST /flush_cache``,
 ``POST /update_weights_from_disk``, ``POST /pause_generation`` (``mode``: ``abort`` default
 as in SGLang; ``in_place`` and ``retract`` both keep requests and resume them),
-``POST /continue_generation``. Errors are HTTP 400 with SGLang's body
+``POST /continue_generation``, ``POST /release_memory_occupation`` and
+``POST /resume_memory_occupation`` (``tags``: ``weights``, ``kv_cache``, or null for all;
+release only while idle, as SGLang; weights resume with undefined contents until the next
+update, as SGLang without a CPU backup; ``/generate`` answers 409 while released). Errors are HTTP 400 with SGLang's body
 ``{"error": {"message": ...}}``; a bad prompt fails only its own request.
 
 Not implemented here (GPU-only paths; HTTP 400 saying so): ``/init_weights_update_group``,
-``/update_weights_from_distributed``, ``/update_weights_from_tensor``,
-``/release_memory_occupation``, ``/resume_memory_occupation``, ``stream``,
+``/update_weights_from_distributed``, ``/update_weights_from_tensor``, ``stream``,
 ``top_logprobs_num``, input-token log-probs (``logprob_start_len`` >= 0). There is no
 prefix cache, so ``/flush_cache`` has nothing to drop.
 
@@ -43,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from spade_async.generation.engine import Engine, Sequence, now_seed
+from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
 from spade_async.generation.protocol import (
     GenerateOutput,
     GenerateReqInput,
@@ -90,7 +92,10 @@ class EngineApp:
         except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
             return _error(str(exc))
         flat = [s for group in seqs for s in group]
-        self.engine.submit(flat)
+        try:
+            self.engine.submit(flat)
+        except EngineBusy as exc:
+            return _error(str(exc), status=409)
         try:
             done = await asyncio.gather(*(asyncio.wrap_future(s.future) for s in flat))
         except Exception as exc:  # a failed model step: report it, keep serving
@@ -268,6 +273,27 @@ class EngineApp:
             )
         return model
 
+    async def release_memory(self, request: Request) -> Response:
+        return await self._memory(request, self.engine.release_memory)
+
+    async def resume_memory(self, request: Request) -> Response:
+        return await self._memory(request, self.engine.resume_memory)
+
+    async def _memory(self, request: Request, action) -> Response:
+        body = await request.body()
+        try:
+            tags = (msgspec.json.decode(body) if body else {}).get("tags")
+            if tags is not None and not (
+                isinstance(tags, list) and all(isinstance(t, str) for t in tags)
+            ):
+                raise ValueError(f"tags must be null or a list of strings, got {tags!r}")
+            action(tags)
+        except (msgspec.DecodeError, ValueError, AttributeError) as exc:
+            return _error(str(exc))
+        except EngineBusy as exc:
+            return _error(str(exc), status=409)
+        return JSONResponse({"success": True, "released": sorted(self.engine.released)})
+
     async def unsupported(self, request: Request) -> Response:
         out = UpdateWeightsReqOutput(
             success=False,
@@ -303,13 +329,13 @@ def build_app(app: EngineApp) -> Starlette:
         Route("/pause_generation", app.pause, methods=["POST"]),
         Route("/continue_generation", app.resume, methods=["POST"]),
         Route("/update_weights_from_disk", app.update_from_disk, methods=["POST"]),
+        Route("/release_memory_occupation", app.release_memory, methods=["GET", "POST"]),
+        Route("/resume_memory_occupation", app.resume_memory, methods=["GET", "POST"]),
     ]
     for path in (
         "/init_weights_update_group",
         "/update_weights_from_distributed",
         "/update_weights_from_tensor",
-        "/release_memory_occupation",
-        "/resume_memory_occupation",
     ):
         routes.append(Route(path, app.unsupported, methods=["POST"]))
     return Starlette(routes=routes, lifespan=lifespan)

@@ -163,7 +163,8 @@ def test_request_bodies_follow_sglang_io_struct():
 
     paths = ["/generate", "/get_model_info", "/init_weights_update_group",
              "/update_weights_from_distributed", "/update_weights_from_tensor",
-             "/update_weights_from_disk", "/pause_generation", "/continue_generation", "/flush_cache"]
+             "/update_weights_from_disk", "/pause_generation", "/continue_generation", "/flush_cache",
+             "/release_memory_occupation", "/resume_memory_occupation"]
     url, stop = _serve(Starlette(routes=[Route(p, record, methods=["GET", "POST"]) for p in paths]))
     try:
         async def main():
@@ -179,6 +180,8 @@ def test_request_bodies_follow_sglang_io_struct():
                 await client.pause()
                 await client.resume()
                 await client.flush_cache()
+                await client.release_memory()
+                await client.resume_memory(["weights"])
                 return res, v_dist
 
         res, v_dist = anyio.run(main)
@@ -197,3 +200,6 @@ def test_request_bodies_follow_sglang_io_struct():
     assert seen["/update_weights_from_tensor"] == {"serialized_named_tensors": ["b64"], "weight_version": "v2"}
     assert seen["/update_weights_from_disk"] == {"model_path": "/ckpt/step-2", "weight_version": "v2"}
     assert seen["/pause_generation"] == {"mode": "abort"} and "/flush_cache" in seen
+    # SGLang's ReleaseMemoryOccupationReqInput / ResumeMemoryOccupationReqInput: tags or null
+    assert seen["/release_memory_occupation"] == {"tags": None}
+    assert seen["/resume_memory_occupation"] == {"tags": ["weights"]}

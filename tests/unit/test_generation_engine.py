@@ -266,3 +266,46 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
     res, versions = _run(main)
     assert versions[url] == "pushed" and res.weight_version == "pushed"
     assert len(res.output_ids) == 90 and res.finish_reason == "length"
+
+
+def test_release_and_resume_memory_around_a_weight_update(url, engine_app, tiny_model):
+    """The colocated sequence: release all -> (train) -> resume weights -> push -> resume."""
+    sp = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    engine = engine_app.engine
+
+    async def main():
+        async with GenerationClient([url], ClientConfig(max_retries=0)) as client:
+            before = await client.generate(PROMPTS[0], sp)
+            await client.release_memory()
+            freed = sum(p.numel() for p in engine.model.parameters())
+            with pytest.raises(EngineRequestError, match="resume_memory_occupation"):
+                await client.generate(PROMPTS[0], sp)
+            with pytest.raises(EngineError, match="not among"):
+                await client.release_memory(["gpu"])
+            await client.resume_memory(["weights"])
+            shapes_back = all(p.numel() > 0 for p in engine.model.parameters())
+            await client.update_weights_from_disk(str(tiny_model))
+            half = set(engine.released)
+            await client.resume_memory()
+            after = await client.generate(PROMPTS[0], sp)
+            return before, freed, shapes_back, half, after
+
+    before, freed, shapes_back, half, after = _run(main)
+    assert freed == 0 and shapes_back
+    assert half == {"kv_cache"} and not engine.released
+    assert after.output_ids == before.output_ids  # the pushed weights serve again
+
+
+def test_release_memory_refuses_a_busy_engine(url, engine_app):
+    async def main():
+        async with GenerationClient([url], ClientConfig(max_retries=0)) as client:
+            await client.pause(mode="in_place")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.generate, PROMPTS[2], SamplingParams(max_new_tokens=2))
+                await anyio.sleep(0.3)
+                with pytest.raises(EngineError, match="idle engine"):
+                    await client.release_memory(["kv_cache"])
+                await client.resume()
+            return set(engine_app.engine.released)
+
+    assert _run(main) == set()

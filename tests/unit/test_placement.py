@@ -45,7 +45,10 @@ def test_overlap_without_colocate_is_one_line():
 
 def test_overlap_with_colocate_needs_memory_saver_then_passes():
     shared = ["placement.trainer_gpus=[0, 1, 2, 3]", "placement.colocate=true"]
-    assert "--enable-memory-saver" in _error(*shared)
+    assert "--enable-memory-saver" in _error(*shared, "schedule=sync")
+    # colocated engines cannot overlap training
+    assert "schedule = 'sync'" in _error(*shared, "placement.release_memory=false")
+    shared.append("schedule=sync")
     cfg = _load(*shared, 'engine.extra_args=["--enable-memory-saver"]')
     assert cfg.placement.colocate and cfg.placement.release_memory
     cfg = _load(*shared, "placement.release_memory=false")  # no release: no saver needed
@@ -209,3 +212,40 @@ def test_dry_run_of_a_run_directory_shows_the_resume(tmp_path, monkeypatch):
     assert f"--load {rd.checkpoint(7)}" in text  # trainer resumes from the checkpoint
     assert f"--model-path {rd.hf}" in text  # engines serve the checkpoint's export
     assert "GPU(s)" not in text  # all eight present
+
+
+def test_weight_push_follows_the_placement():
+    from spade_async.runtime import push_kwargs, push_targets
+
+    cfg = _load()
+    assert placement.push_mode(cfg) == "distributed"
+    kw = push_kwargs(cfg)
+    assert kw["mode"] == "distributed" and kw["master_port"] > 0
+    assert kw["master_address"] == "127.0.0.1"
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"]
+    assert push_targets(cfg, urls)[0] == "http://127.0.0.1:1#tp=1"
+    tp2 = _load("engine.gpus=[[0, 1], [2, 3]]")
+    assert push_targets(tp2, urls[:2]) == ["http://127.0.0.1:1#tp=2", "http://127.0.0.1:2#tp=2"]
+    colocated = _load("placement.trainer_gpus=[0, 1, 2, 3]", "placement.colocate=true",
+                      "schedule=sync", "placement.release_memory=false")
+    assert placement.push_mode(colocated) == "tensor"
+    cpu = recipe.load(None, [])
+    assert placement.push_mode(cpu) == "disk" and push_kwargs(cpu) == {"mode": "disk"}
+    assert push_targets(cpu, urls[:1]) == urls[:1]
+    assert placement.push_mode(_load("placement.weight_push=disk")) == "disk"
+
+
+def test_weight_push_contradictions_are_one_line():
+    assert "needs engine.kind = 'sglang'" in _error(
+        "engine.kind=cpu", "engine.gpus=[]", "placement.weight_push=distributed")
+    assert "give the trainer GPUs" in _error(
+        "placement.trainer_gpus=[]", "placement.weight_push=distributed")
+    assert placement.push_mode(_load("placement.trainer_gpus=[]")) == "disk"
+    assert "needs placement.colocate = true" in _error("placement.weight_push=tensor")
+    with pytest.raises(ConfigError, match="weight_push"):
+        _load("placement.weight_push=ipc")
+
+
+def test_plan_names_the_weight_path():
+    text = placement.format_plan(_load(), [])
+    assert "NCCL broadcast" in text

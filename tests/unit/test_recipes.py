@@ -86,14 +86,18 @@ def test_30b_colocated_alternative_from_its_comment():
             "engine.gpus=[[0,1,2,3],[4,5,6,7]]",
             "placement.trainer_gpus=[0,1,2,3,4,5,6,7]",
             "placement.colocate=true",
+            "schedule=sync",
             'engine.extra_args=["--enable-memory-saver"]',
             "engine.mem_fraction_static=0.45",
         ],
     )
+    comment = (CONFIGS / "qwen3-30b-a3b-games.toml").read_text()
+    assert "--set placement.colocate=true --set schedule=sync" in comment
     plan = placement.launch_plan(cfg, model_dir=cfg.model, run_dir="/runs/x")
     assert [(p.role, p.ranks) for p in plan] == [("engine", 4), ("engine", 4), ("trainer", 8)]
     assert "--enable-memory-saver" in plan[0].argv
-    assert "colocated" in placement.format_plan(cfg, plan)
+    text = placement.format_plan(cfg, plan)
+    assert "colocated" in text and "CUDA IPC" in text
 
 
 def test_spade_train_dry_run_on_this_machine(tmp_path):

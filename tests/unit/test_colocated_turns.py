@@ -1,0 +1,58 @@
+"""Colocated turns: the controller gives the engines' memory to the trainer and takes it back
+in slime's order (release all -> train -> resume weights -> push -> resume the KV cache),
+against the real CPU engine (which implements SGLang's release/resume endpoints)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import anyio
+
+from spade_async import recipe
+from spade_async.cycle import train_and_push
+from spade_async.generation.client import ClientConfig, GenerationClient
+from spade_async.generation.protocol import SamplingParams
+from spade_async.generation.server import make_engine_app, serve_in_thread
+from spade_async.telemetry.metrics import Meters
+from spade_async.trainer.batch import Sample
+
+
+class FakeTrainer:
+    """Records what the engine looked like at each trainer call; pushes by disk like ours."""
+
+    def __init__(self, engine, client, model_dir):
+        self.engine, self.client, self.model_dir = engine, client, model_dir
+        self.seen: list[tuple[str, set[str]]] = []
+
+    async def train_step(self, batch):
+        self.seen.append(("train", set(self.engine.released)))
+        return {"loss": 0.0}
+
+    async def push_weights(self, targets, **kw):
+        self.seen.append(("push", set(self.engine.released)))
+        versions = await self.client.update_weights_from_disk(str(self.model_dir))
+        return SimpleNamespace(version=int(next(iter(versions.values()))))
+
+
+def test_train_and_push_releases_and_resumes_around_the_step(tiny_model):
+    app = make_engine_app(str(tiny_model), context_length=64)
+    sample = Sample(token_ids=[1, 2, 3], loss_mask=[0, 1, 1], advantage=1.0,
+                    rollout_logprobs=[0.0, -1.0, -1.0])
+    with serve_in_thread(app) as url:
+
+        async def main():
+            async with GenerationClient([url], ClientConfig(max_retries=0)) as client:
+                trainer = FakeTrainer(app.engine, client, tiny_model)
+                rt = SimpleNamespace(
+                    cfg=recipe.load(None, []), client=client, trainer=trainer,
+                    engine_urls=[url], push_kw={"mode": "disk"}, release_memory=True,
+                    meters=Meters(), state=SimpleNamespace(version=0),
+                )
+                await train_and_push(rt, [sample], pause=False)
+                after = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+                return trainer.seen, rt.state.version, after
+
+        seen, version, after = anyio.run(main)
+    assert seen == [("train", {"weights", "kv_cache"}), ("push", {"kv_cache"})]
+    assert version == 1 and after.weight_version == "1"
+    assert not app.engine.released  # everything resumed: the engine serves again
