@@ -102,10 +102,13 @@ def designer_samples(
 def drop_stale(
     samples: Sequence[Sample], *, version: int, max_staleness: int, designer_slack: int = 0
 ) -> tuple[list[Sample], int]:
-    """Keep samples at most ``max_staleness`` versions old (designer: plus its reward delay)."""
+    """Keep samples at most ``max_staleness`` versions old (designer: plus its reward delay).
+
+    Samples from a version newer than ``version`` come from a policy that is gone (a dead
+    trainer restarted from an older checkpoint) and are dropped too."""
     kept = []
     for s in samples:
         limit = max_staleness + (designer_slack if s.role == "designer" else 0)
-        if version - s.policy_version <= limit:
+        if 0 <= version - s.policy_version <= limit:
             kept.append(s)
     return kept, len(samples) - len(kept)

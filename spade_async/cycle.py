@@ -8,6 +8,7 @@ are counted in metrics.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
 from spade_async.runtime import push_targets
 from spade_async.trainer.batch import Batch, Sample
+from spade_async.trainer.client import TrainerDied
 
 if TYPE_CHECKING:
     from spade_async.runtime import Runtime
@@ -276,24 +278,46 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
     with anyio.CancelScope(shield=True), rt.meters.busy("trainer"):
         if rt.release_memory:
             await rt.client.release_memory()
-        metrics = await rt.trainer.train_step(Batch(samples=samples))
+        died = ""
+        try:
+            metrics = await rt.trainer.train_step(Batch(samples=samples))
+        except TrainerDied as exc:
+            died, metrics = str(exc), {}
         if rt.release_memory:
             await rt.client.resume_memory(["weights"])
-        # generation pauses in place (KV kept) only for the push, then resumes on the new weights
-        if pause:
-            await rt.client.pause(rt.cfg.pipeline.pause_mode)
-        try:
-            pushed = await rt.trainer.push_weights(
-                push_targets(rt.cfg, rt.engine_urls), **rt.push_kw
-            )
-        finally:
-            if pause:
-                await rt.client.resume()
+        if died:  # the batch is lost; the restarted trainer pushes its checkpoint's weights
+            rt.meters.count("train/lost_batches")
+            await rt.restart_trainer(died, pause=pause)
+        else:
+            metrics = {**metrics, **await _push(rt, pause)}
         if rt.release_memory:
             await rt.client.resume_memory()
-    rt.state.version = pushed.version
-    rt.meters.add_tokens("trainer", sum(len(s.token_ids) for s in samples))
+    if metrics:
+        rt.meters.add_tokens("trainer", sum(len(s.token_ids) for s in samples))
     return metrics
+
+
+async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
+    """The trainer's weights to every engine; generation pauses in place (KV kept) only for
+    the push when it is in flight, then resumes on the new weights. Returns the push's time
+    and how long generation was paused for it."""
+    died, out = "", {}
+    t0 = time.perf_counter()
+    if pause:
+        await rt.client.pause(rt.cfg.pipeline.pause_mode)
+    try:
+        pushed = await rt.trainer.push_weights(push_targets(rt.cfg, rt.engine_urls), **rt.push_kw)
+        rt.state.version = pushed.version
+        out["push_s"] = pushed.seconds
+    except TrainerDied as exc:
+        died = str(exc)
+    finally:
+        if pause:
+            await rt.client.resume()
+            out["push_paused_s"] = time.perf_counter() - t0
+    if died:
+        await rt.restart_trainer(died, pause=pause)
+    return out
 
 
 async def learn(

@@ -89,6 +89,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     )
     max_staleness: Doc(int, "agent samples more than this many versions old are dropped") = 1
     checkpoint_every: Doc(int, "save a checkpoint every N steps (and at the end)") = 10
+    trainer_restarts: Doc(
+        int,
+        "times a dead trainer is restarted from the latest checkpoint (the steps since are "
+        "redone from there; engines get its weights back); 0 stops the run with one line",
+    ) = 2
     max_concurrent_episodes: Doc(int, "agent episodes in flight at once") = 64
     shutdown_grace_s: Doc(
         float, "after Ctrl-C, seconds in-flight work may finish before it is aborted"

@@ -33,7 +33,7 @@ from spade_async.placement import trainer_process
 from spade_async.rundir import RunDir, write_atomic
 from spade_async.telemetry.metrics import Meters, Telemetry
 from spade_async.telemetry.progress import status
-from spade_async.trainer.client import AsyncTrainerClient
+from spade_async.trainer.client import AsyncTrainerClient, TrainerDied
 from spade_async.trainer.launch import TrainerProcess
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ class Runtime:
     resume_note: str = ""
     release_memory: bool = False  # colocated: engines release GPU memory around train steps
     push_kw: dict[str, Any] = field(default_factory=dict)  # PushWeights fields but engines
+    model_dir: Path | None = None  # the base model the trainer starts from without a checkpoint
+    trainer_restarts: int = 0  # restarts so far
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
@@ -86,11 +88,57 @@ class Runtime:
         """Trainer state (DCP) + HF export + controller state; ``DONE`` marks it complete."""
         path = self.run_dir.checkpoint(self.state.step)
         with self.meters.busy("trainer"):
-            await self.trainer.save(str(path), hf_directory=str(self.run_dir.hf))
+            try:
+                await self.trainer.save(str(path), hf_directory=str(self.run_dir.hf))
+            except TrainerDied as exc:  # restarted from the previous checkpoint, saved as this
+                await self.restart_trainer(str(exc))
+                await self.trainer.save(str(path), hf_directory=str(self.run_dir.hf))
         self.state.meters = self.meters.state_dict()
         write_atomic(path / "controller.json", msgspec.json.encode(self.state))
         write_atomic(path / "DONE", b"")
         return path
+
+    async def restart_trainer(self, why: str, *, pause: bool = False) -> None:
+        """A dead trainer comes back from the latest checkpoint (or the base model) and its
+        weights go to the engines, so their version equals the trainer's again; the steps
+        since that checkpoint are lost (counted). Past ``trainer_restarts``: ``TrainerDied``.
+        """
+        cfg = self.cfg
+        if self.trainer_restarts >= cfg.trainer_restarts:
+            raise TrainerDied(
+                f"{why}; stopped after {self.trainer_restarts} trainer restart(s) "
+                f"(trainer_restarts = {cfg.trainer_restarts}): `spade train {self.run_dir.root}` "
+                "resumes from the last checkpoint"
+            )
+        self.trainer_restarts += 1
+        self.meters.count("trainer/restarts")
+        self.trainer_proc.stop(timeout=5.0)
+        latest = self.run_dir.latest_checkpoint()
+        load = str(latest[1]) if latest is not None else None
+        proc = trainer_process(
+            cfg, self.model_dir or resolve_model(cfg.model), self.run_dir.root, load=load
+        )
+        self.trainer_proc = proc
+        self.trainer = AsyncTrainerClient(await anyio.to_thread.run_sync(proc.start))
+        if pause:
+            await self.client.pause(cfg.pipeline.pause_mode)
+        try:
+            pushed = await self.trainer.push_weights(
+                push_targets(cfg, self.engine_urls), **self.push_kw
+            )
+        finally:
+            if pause:
+                await self.client.resume()
+        lost = self.state.version - pushed.version
+        self.meters.count("trainer/lost_versions", lost)
+        self.state.version = pushed.version
+        where = f"checkpoint step {latest[0]}" if latest is not None else "the base model"
+        self.tel.event(
+            self.state.step,
+            f"trainer died ({why}); restarted from {where} "
+            f"(restart {self.trainer_restarts}/{cfg.trainer_restarts}): policy version "
+            f"{pushed.version}, {lost} version(s) lost",
+        )
 
 
 async def _import_initial(
@@ -160,7 +208,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         proc = trainer_process(  # ranks, threads and CUDA_VISIBLE_DEVICES from cfg.placement
             cfg, model_dir, run_dir.root, load=str(resumed[1]) if resumed is not None else None
         )
-        stack.callback(proc.stop)  # runs after the task group below has exited
+        current: dict[str, TrainerProcess] = {"proc": proc}  # a restart replaces it
+        stack.callback(lambda: current["proc"].stop())  # after the task group below exits
         tg = await stack.enter_async_context(anyio.create_task_group())
         writer = MemoryWriter(store)
         await tg.start(writer.run)
@@ -208,11 +257,15 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             resume_note=_resume_note(run_dir, resumed, state),
             release_memory=cfg.placement.colocate and cfg.placement.release_memory,
             push_kw=push_kwargs(cfg),
+            model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
         if state.meters:
             rt.meters.load_state_dict(state.meters)
-        yield rt
+        try:
+            yield rt
+        finally:
+            current["proc"] = rt.trainer_proc
         tg.cancel_scope.cancel()
 
 

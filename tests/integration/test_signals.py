@@ -146,3 +146,35 @@ def test_kill9_then_resume(tiny_model, tmp_path):
     )
     assert [e["step"] for e in events if e["kind"] == "step"][-1] == done[-1] + 1
     assert not _gone(run_dir, tiny_model)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.timeout(600)
+def test_dead_trainer_is_restarted_from_the_checkpoint(tiny_model, tmp_path):
+    """A trainer rank killed mid-run: detected, restarted from the last checkpoint, its
+    weights pushed back to the engine; the run finishes and says what was lost."""
+    run_dir = tmp_path / "run"
+    proc = _start(tiny_model, tmp_path, run_dir, max_steps=4)
+    _wait_for_step(run_dir, proc, 1)
+    ranks = [p for p in _ours(run_dir, tiny_model) if "spade_async.trainer.main" in _cmdline(p)]
+    assert ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    died = [e["message"] for e in events if "trainer died" in e.get("message", "")]
+    assert len(died) == 1 and "restarted from checkpoint step" in died[0], died
+    steps = [e for e in events if e["kind"] == "step"]
+    last = steps[-1]
+    assert last["step"] == 4 and last["trainer/restarts"] == 1
+    # every step trains once except the lost batch; versions since the checkpoint are redone
+    lost = last.get("train/lost_batches", 0) + last.get("trainer/lost_versions", 0)
+    assert 1 <= lost and last["version"] == 4 - lost
+    assert not _gone(run_dir, tiny_model), "children outlived the run"

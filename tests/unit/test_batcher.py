@@ -89,3 +89,13 @@ def test_drop_stale_respects_max_staleness_and_designer_slack():
     )
     assert drop_stale(d, version=5, max_staleness=1, designer_slack=4)[1] == 0
     assert drop_stale(d, version=5, max_staleness=1, designer_slack=2)[1] == 1
+
+
+def test_drop_stale_drops_samples_from_a_lost_newer_policy():
+    """After a dead trainer restarts from an older checkpoint, in-flight samples made by the
+    lost versions are not trained on."""
+    eps = [_ep("a", 1.0, version=3), _ep("a", 0.0, version=5), _ep("a", 1.0, version=2)]
+    samples, _ = agent_samples(eps, AgentConfig())
+    assert sorted(s.policy_version for s in samples) == [2, 3, 5]
+    kept, dropped = drop_stale(samples, version=3, max_staleness=2)
+    assert dropped == 1 and sorted(s.policy_version for s in kept) == [2, 3]
