@@ -8,7 +8,6 @@ are counted in metrics.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -298,26 +297,19 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
 
 
 async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
-    """The trainer's weights to every engine; generation pauses in place (KV kept) only for
-    the push when it is in flight, then resumes on the new weights. Returns the push's time
-    and how long generation was paused for it."""
-    died, out = "", {}
-    t0 = time.perf_counter()
-    if pause:
-        await rt.client.pause(rt.cfg.pipeline.pause_mode)
+    """The trainer's weights to every engine. With generation in flight (``pause``), the
+    trainer pauses the engines only around the engine-side update, after the export it does
+    while they generate. Returns the push's time and how long generation was paused."""
+    mode = rt.cfg.pipeline.pause_mode if pause else ""
     try:
-        pushed = await rt.trainer.push_weights(push_targets(rt.cfg, rt.engine_urls), **rt.push_kw)
-        rt.state.version = pushed.version
-        out["push_s"] = pushed.seconds
+        pushed = await rt.trainer.push_weights(
+            push_targets(rt.cfg, rt.engine_urls), **rt.push_kw, pause_mode=mode
+        )
     except TrainerDied as exc:
-        died = str(exc)
-    finally:
-        if pause:
-            await rt.client.resume()
-            out["push_paused_s"] = time.perf_counter() - t0
-    if died:
-        await rt.restart_trainer(died, pause=pause)
-    return out
+        await rt.restart_trainer(str(exc), pause=pause)
+        return {}
+    rt.state.version = pushed.version
+    return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
 
 
 async def learn(

@@ -120,15 +120,11 @@ class Runtime:
         )
         self.trainer_proc = proc
         self.trainer = AsyncTrainerClient(await anyio.to_thread.run_sync(proc.start))
-        if pause:
-            await self.client.pause(cfg.pipeline.pause_mode)
-        try:
-            pushed = await self.trainer.push_weights(
-                push_targets(cfg, self.engine_urls), **self.push_kw
-            )
-        finally:
-            if pause:
-                await self.client.resume()
+        pushed = await self.trainer.push_weights(
+            push_targets(cfg, self.engine_urls),
+            **self.push_kw,
+            pause_mode=cfg.pipeline.pause_mode if pause else "",
+        )
         lost = self.state.version - pushed.version
         self.meters.count("trainer/lost_versions", lost)
         self.state.version = pushed.version

@@ -18,7 +18,7 @@ the loss. The pieces are the same functions the sync schedule calls (``cycle.py`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import msgspec
@@ -41,9 +41,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     groups_per_step: Doc(
         int, "groups per trainer step; 0 = as many environments as a sync step plays"
     ) = 0
-    pause_mode: Doc(str, "engine pause around a weight push: in_place | abort | retract") = (
-        "in_place"
-    )
+    pause_mode: Doc(
+        Literal["in_place", "abort", "retract"],
+        "engine pause around the engine-side weight update (in_place keeps running requests "
+        "and their KV cache; abort ends them)",
+    ) = "in_place"
 
 
 @dataclass

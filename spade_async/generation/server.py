@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -78,6 +79,7 @@ class EngineApp:
         self.engine, self.model_path, self.context_length = engine, model_path, context_length
         self.dtype = dtype
         self.vocab_size = int(engine.model.config.vocab_size)
+        self._update_lock = asyncio.Lock()
         self._decode_gen = msgspec.json.Decoder(GenerateReqInput)
 
     # ---- /generate -------------------------------------------------------------------------
@@ -244,17 +246,21 @@ class EngineApp:
             req = msgspec.json.decode(await request.body(), type=UpdateWeightFromDiskReqInput)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _error(str(exc))
-        try:
-            model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
-        except Exception as exc:  # a failed load is an answer, the old weights keep serving
-            out = UpdateWeightsReqOutput(
-                success=False, message=f"failed to load {req.model_path}: {exc}"
-            )
-            return _json(out, status=400)
-        running = self.engine.load()
-        version = req.weight_version or _next_version(self.engine.weight_version)
-        fut = self.engine.swap_model(model, version, abort=req.abort_all_requests)
-        await asyncio.wrap_future(fut)
+        async with self._update_lock:  # one update at a time: the spare model is shared
+            try:
+                model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
+            except Exception as exc:  # a failed load is an answer, the old weights keep serving
+                out = UpdateWeightsReqOutput(
+                    success=False, message=f"failed to load {req.model_path}: {exc}"
+                )
+                return _json(out, status=400)
+            running = self.engine.load()
+            version = req.weight_version or _next_version(self.engine.weight_version)
+            old = self.engine.model
+            fut = self.engine.swap_model(model, version, abort=req.abort_all_requests)
+            await asyncio.wrap_future(fut)
+            if old is not model and not self.engine.released:
+                self.engine.spare = old  # the next update loads into it
         self.model_path = req.model_path
         out = UpdateWeightsReqOutput(
             success=True,
@@ -264,8 +270,13 @@ class EngineApp:
         return _json(out)
 
     def _load_weights(self, path: str) -> Any:
+        """The new model: the checkpoint's tensors copied into a spare copy of the serving
+        model when names and shapes match (no model construction), else a full load."""
         from spade_async.models import load_causal_lm
 
+        fast = _load_into_spare(self.engine, Path(path))
+        if fast is not None:
+            return fast
         model, _ = load_causal_lm(path, dtype=self.dtype)
         if int(model.config.vocab_size) != self.vocab_size:
             raise ValueError(
@@ -301,6 +312,32 @@ class EngineApp:
             "(GPU/SGLang only); use /update_weights_from_disk",
         )
         return _json(out, status=400)
+
+
+def _load_into_spare(engine: Engine, path: Path) -> Any | None:
+    """Copy ``path/model.safetensors`` into the engine's spare model (made once by copying
+    the serving one); None when the files or names/shapes do not match it."""
+    import copy
+
+    from safetensors import safe_open
+
+    file = path / "model.safetensors"
+    if not file.is_file() or engine.released:
+        return None
+    spare = engine.spare if engine.spare is not None else copy.deepcopy(engine.model)
+    params = dict(spare.named_parameters())  # tied weights appear once, as the export has them
+    with safe_open(str(file), framework="pt") as f:
+        names = set(f.keys())
+        if names != params.keys():
+            return None
+        with torch.no_grad():
+            for name in names:
+                t = f.get_tensor(name)
+                if t.shape != params[name].shape:
+                    return None
+                params[name].copy_(t)
+    engine.spare = None  # now serving (after the swap); the old model becomes the spare
+    return spare
 
 
 def _next_version(current: str) -> str:

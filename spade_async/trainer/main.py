@@ -42,10 +42,13 @@ def make_executor(trainer: Trainer):
                 metrics=trainer.train_step(req.batch, validated=True, layout=req.layout)
             )
         if isinstance(req, rpc.PushWeights):
-            t0 = time.perf_counter()
-            versions = push_weights(trainer, req)
+            t0, stats = time.perf_counter(), {}
+            versions = push_weights(trainer, req, stats)
             return rpc.WeightsPushed(
-                version=trainer.version, engines=versions, seconds=time.perf_counter() - t0
+                version=trainer.version,
+                engines=versions,
+                seconds=time.perf_counter() - t0,
+                paused_s=stats.get("paused_s", 0.0),
             )
         if isinstance(req, rpc.Save):
             save_checkpoint(trainer, req.directory)

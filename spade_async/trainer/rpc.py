@@ -62,6 +62,7 @@ class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     master_address: str = "127.0.0.1"  # distributed mode: the NCCL group's rendezvous
     master_port: int = 0
     bucket_bytes: int = 512 << 20
+    pause_mode: str = ""  # '' | in_place | abort | retract: pause engines around the update
 
 
 class Save(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -100,6 +101,7 @@ class WeightsPushed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     version: int
     engines: dict[str, str]  # URL -> the weight version that engine reports after the push
     seconds: float
+    paused_s: float = 0.0  # how long generation was paused for it (pause_mode set)
 
 
 class Saved(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -15,6 +15,12 @@ HTTP):
 - ``tensor`` (SGLang colocated on the same GPUs): per bucket, CUDA IPC handles serialised
   with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``.
 
+With ``pause_mode`` set (the async schedule: generation is in flight), rank 0 pauses the
+engines (``/pause_generation``) only around the engine-side update (the disk export happens
+before, while they keep generating) and continues them after (``/continue_generation``);
+``stats["paused_s"]`` reports how long. Paused ``in_place``, running requests keep their KV
+cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then).
+
 The GPU paths follow SGLang's documented HTTP API and are contract-tested on CPU (the
 requests they send, with fake transports); they have not been run against a GPU here.
 Side effects: importing SGLang (GPU paths only) sets multiprocessing to spawn.
@@ -23,9 +29,11 @@ Side effects: importing SGLang (GPU paths only) sets multiprocessing to spawn.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -68,6 +76,25 @@ def _verify(client: httpx.Client, url: str, version: int) -> str:
     return str(got)
 
 
+@contextlib.contextmanager
+def _paused(client: httpx.Client, urls: list[str], mode: str, stats: dict | None):
+    """Pause generation on every engine for the body (no-op when ``mode`` is empty)."""
+    if not mode:
+        yield
+        return
+    t0 = time.perf_counter()
+    for url in urls:
+        _check(url, client.post(f"{url}/pause_generation", json={"mode": mode}))
+    try:
+        yield
+    finally:
+        for url in urls:
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(f"{url}/continue_generation", json={})
+        if stats is not None:
+            stats["paused_s"] = stats.get("paused_s", 0.0) + time.perf_counter() - t0
+
+
 def _shm_root(shm_dir: str) -> Path:
     if shm_dir:
         return Path(shm_dir)
@@ -81,17 +108,23 @@ def push_disk(
     shm_dir: str = "",
     timeout: float = 300.0,
     transport: httpx.BaseTransport | None = None,
+    pause_mode: str = "",
+    stats: dict | None = None,
 ) -> dict[str, str]:
     root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"v{trainer.version}"
-    export_hf(trainer, target)
+    export_hf(trainer, target)  # engines keep generating meanwhile
     if trainer.rank != 0:
         return {}
     out = {}
     with httpx.Client(timeout=timeout, transport=transport) as client:
+        body = {"model_path": str(target), "weight_version": str(trainer.version)}
+        if pause_mode == "in_place":
+            body["flush_cache"] = False
+        with _paused(client, engines, pause_mode, stats):
+            for url in engines:
+                _check(url, client.post(f"{url}/update_weights_from_disk", json=body))
         for url in engines:
-            body = {"model_path": str(target), "weight_version": str(trainer.version)}
-            _check(url, client.post(f"{url}/update_weights_from_disk", json=body))
             out[url] = _verify(client, url, trainer.version)
     for old in root.iterdir():  # every engine has loaded the new one: drop older exports
         if old != target:
@@ -138,6 +171,8 @@ def push_distributed(
     init_group: Callable | None = None,
     broadcast: Callable | None = None,
     timeout: float = 300.0,
+    pause_mode: str = "",
+    stats: dict | None = None,
 ) -> dict[str, str]:
     """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU."""
     version = str(trainer.version)
@@ -170,25 +205,42 @@ def push_distributed(
                 _check(e["url"], f.result())
             trainer._weight_group = group
         bcast = broadcast or (lambda t, g: torch.distributed.broadcast(t, src=0, group=g))
-        chunks = list(buckets(named, bucket_bytes))
-        for i, chunk in enumerate(chunks):
-            body = {
-                "names": [n for n, _ in chunk],
-                "dtypes": [_dtype_name(t) for _, t in chunk],
-                "shapes": [list(t.shape) for _, t in chunk],
-                "group_name": GROUP,
-                "flush_cache": i == len(chunks) - 1,
-                "weight_version": version,
-            }
-            futures = [
-                pool.submit(client.post, f"{e['url']}/update_weights_from_distributed", json=body)
-                for e in engines
-            ]
-            for _, t in chunk:
-                bcast(t, group)
-            for e, f in zip(engines, futures, strict=True):
-                _check(e["url"], f.result())
+        flush = pause_mode != "in_place"
+        # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
+        with _paused(client, [e["url"] for e in engines], pause_mode, stats):
+            for chunk, last in _with_last(buckets(named, bucket_bytes)):
+                body = {
+                    "names": [n for n, _ in chunk],
+                    "dtypes": [_dtype_name(t) for _, t in chunk],
+                    "shapes": [list(t.shape) for _, t in chunk],
+                    "group_name": GROUP,
+                    "flush_cache": flush and last,
+                    "weight_version": version,
+                }
+                futures = [
+                    pool.submit(
+                        client.post, f"{e['url']}/update_weights_from_distributed", json=body
+                    )
+                    for e in engines
+                ]
+                for _, t in chunk:
+                    bcast(t, group)
+                for e, f in zip(engines, futures, strict=True):
+                    _check(e["url"], f.result())
         return {e["url"]: _verify(client, e["url"], trainer.version) for e in engines}
+
+
+def _with_last(items):
+    """(item, is_last) pairs, one item of look-ahead."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
 
 
 def _sglang_group(master_address: str, master_port: int, world: int):
@@ -211,6 +263,8 @@ def push_tensor(
     transport: httpx.BaseTransport | None = None,
     serialize: Callable | None = None,
     timeout: float = 300.0,
+    pause_mode: str = "",
+    stats: dict | None = None,
 ) -> dict[str, str]:
     """Colocated: ``engines`` [{"url", "tp_size"}] share this GPU; tensors go as IPC handles."""
     named = _named_full_tensors(trainer)
@@ -219,14 +273,17 @@ def push_tensor(
             pass
         return {}
     ser = serialize or _sglang_serialize
-    with httpx.Client(timeout=timeout, transport=transport) as client:
-        chunks = list(buckets(named, bucket_bytes))
-        for i, chunk in enumerate(chunks):
+    flush = pause_mode != "in_place"
+    with (
+        httpx.Client(timeout=timeout, transport=transport) as client,
+        _paused(client, [e["url"] for e in engines], pause_mode, stats),
+    ):
+        for chunk, last in _with_last(buckets(named, bucket_bytes)):
             payload = ser(chunk)
             for e in engines:
                 body = {
                     "serialized_named_tensors": [payload] * e["tp_size"],
-                    "flush_cache": i == len(chunks) - 1,
+                    "flush_cache": flush and last,
                     "weight_version": str(trainer.version),
                 }
                 _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
@@ -239,11 +296,12 @@ def _sglang_serialize(chunk: list[tuple[str, torch.Tensor]]) -> str:
     return MultiprocessingSerializer.serialize(chunk, output_str=True)
 
 
-def push_weights(trainer, req) -> dict[str, str]:
+def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
     """Dispatch an rpc.PushWeights; returns {engine URL: reported version} on rank 0."""
     timeout = trainer.cfg.push_timeout_s
+    common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats}
     if req.mode == "disk":
-        return push_disk(trainer, req.engines, shm_dir=req.shm_dir, timeout=timeout)
+        return push_disk(trainer, req.engines, shm_dir=req.shm_dir, **common)
     engines = [
         {"url": u, "tp_size": 1}
         if "#tp=" not in u
@@ -259,8 +317,8 @@ def push_weights(trainer, req) -> dict[str, str]:
             master_address=req.master_address,
             master_port=req.master_port,
             bucket_bytes=req.bucket_bytes,
-            timeout=timeout,
+            **common,
         )
     if req.mode == "tensor":
-        return push_tensor(trainer, engines, bucket_bytes=req.bucket_bytes, timeout=timeout)
+        return push_tensor(trainer, engines, bucket_bytes=req.bucket_bytes, **common)
     raise WeightPushError(f"push mode '{req.mode}' is not disk, distributed or tensor")

@@ -31,7 +31,7 @@ class FakeTrainer:
     async def push_weights(self, targets, **kw):
         self.seen.append(("push", set(self.engine.released)))
         versions = await self.client.update_weights_from_disk(str(self.model_dir))
-        return SimpleNamespace(version=int(next(iter(versions.values()))), seconds=0.01)
+        return SimpleNamespace(version=int(next(iter(versions.values()))), seconds=0.01, paused_s=0.0)
 
 
 def test_train_and_push_releases_and_resumes_around_the_step(tiny_model):

@@ -309,3 +309,29 @@ def test_release_memory_refuses_a_busy_engine(url, engine_app):
             return set(engine_app.engine.released)
 
     assert _run(main) == set()
+
+
+def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_model):
+    """Same names and shapes: the checkpoint is copied into a spare copy of the serving model
+    (no model construction), and the two copies swap roles on each update."""
+    other = tiny_model_dir(tmp_path / "other", seed=3)
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    engine = engine_app.engine
+
+    async def main():
+        async with GenerationClient([url]) as client:
+            first = engine.model
+            await client.update_weights_from_disk(str(other))
+            second = engine.model
+            flipped = engine.spare is first
+            on_other = await client.generate(PROMPTS[0], sp)
+            await client.update_weights_from_disk(str(tiny_model))
+            return first, second, flipped, engine.model, on_other
+
+    first, second, flipped, third, on_other = _run(main)
+    assert second is not first and flipped and third is first
+    ref, _ = load_causal_lm(str(other))
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert on_other.output_ids == out[0, len(PROMPTS[0]):].tolist()

@@ -111,3 +111,49 @@ def test_tensor_push_sends_one_payload_per_tp_rank(trainer):
     assert path == "/update_weights_from_tensor" and body["flush_cache"] is True
     payloads = body["serialized_named_tensors"]
     assert len(payloads) == 2 and "model.norm.weight" in payloads[0]
+
+
+def test_disk_push_pauses_only_around_the_update(trainer, tmp_path):
+    """Export first (engines keep generating), then pause -> update (KV kept in place, so no
+    cache flush) -> continue, then verify."""
+    engine = FakeEngine()
+    stats = {}
+    push_disk(trainer, ["http://e1"], shm_dir=str(tmp_path), pause_mode="in_place",
+              stats=stats, transport=httpx.MockTransport(engine))
+    paths = [p for p, _ in engine.requests]
+    assert paths == ["/pause_generation", "/update_weights_from_disk", "/continue_generation",
+                     "/get_weight_version"]
+    assert engine.requests[0][1] == {"mode": "in_place"}
+    assert engine.requests[1][1]["flush_cache"] is False
+    assert stats["paused_s"] > 0
+
+
+def test_refused_update_still_continues_generation(trainer, tmp_path):
+    engine = FakeEngine()
+    with pytest.raises(WeightPushError):
+        push_disk(trainer, ["http://e1"], shm_dir=str(tmp_path), pause_mode="abort",
+                  transport=httpx.MockTransport(lambda r: _refuse_update(engine, r)))
+    assert [p for p, _ in engine.requests][-1] == "/continue_generation"
+
+
+def _refuse_update(engine: FakeEngine, request: httpx.Request) -> httpx.Response:
+    engine.requests.append((request.url.path, {}))
+    if request.url.path == "/update_weights_from_disk":
+        return httpx.Response(400, json={"success": False, "message": "nope"})
+    return httpx.Response(200, json={"success": True})
+
+
+def test_distributed_push_in_place_never_flushes_and_streams_buckets(trainer):
+    engine = FakeEngine()
+    sent = []
+    push_distributed(
+        trainer, [{"url": "http://a", "tp_size": 1}], master_address="10.0.0.1",
+        master_port=29555, bucket_bytes=4 << 20, transport=httpx.MockTransport(engine),
+        init_group=lambda *a: "G", broadcast=lambda t, g: sent.append(t.shape),
+        pause_mode="in_place",
+    )
+    paths = [p for p, _ in engine.requests]
+    assert paths[0] == "/pause_generation" and paths[-2:] == ["/continue_generation",
+                                                              "/get_weight_version"]
+    updates = [b for p, b in engine.requests if p == "/update_weights_from_distributed"]
+    assert len(updates) >= 2 and not any(b["flush_cache"] for b in updates)
