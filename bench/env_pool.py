@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import anyio
+from _hw import machine
 
 from spade_async.envs import protocol as P
 from spade_async.envs import sandbox
@@ -57,20 +58,8 @@ ACTION = "I think it is \\boxed{0123}"
 
 
 def hardware(isolation: str) -> dict:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": model,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(),
+        **machine(),
         "kernel": platform.release(),
         "isolation": isolation,
         "note": "shared machine: other jobs may run concurrently",

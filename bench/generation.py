@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+
+from _hw import machine  # noqa: E402
 
 from spade_async.generation.chat import render_prompt  # noqa: E402
 from spade_async.generation.client import GenerationClient  # noqa: E402
@@ -54,17 +55,8 @@ TOPICS = [
 
 
 def _hardware() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        **machine(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "device": "cpu",

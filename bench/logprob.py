@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _hw import machine
 
 V, D = 49_152, 576
 HERE = Path(__file__).resolve().parent
@@ -109,21 +109,11 @@ def mem_available_mb() -> float:
 def hardware(device: str) -> dict:
     import torch
 
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     hw = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
+        **machine(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "device": device,
-        "loadavg_at_start": os.getloadavg()[0],
         "note": "shared machine: other processes may load the cores during the run",
     }
     if device == "cuda":

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _hw import machine
 
 from spade_async.memory import sampling
 from spade_async.memory.ops import PutOp, StatsOp, prepare_signature
@@ -52,19 +53,10 @@ WORDS = (
 
 
 def hardware() -> dict:
-    model = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
     return {
-        "cpu": model,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(),
+        **machine(),
         "platform": platform.platform(),
         "storage": "memory.lmdb in " + tempfile.gettempdir(),
-        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
     }
 
 

@@ -2,10 +2,13 @@
 speedup, and the ideal bound (the busiest stage's time).
 
 The CPU engine is pinned to core 0 and the trainer to core 1 (one torch thread each), so the
-two stages really can overlap on this 2-core machine. The workload is a fixed pool of small
-environments played by a random-initialised Llama sized so that generation and training
-take comparable time; the same steps, environments, plays and tokens run under both
-schedules.
+two stages really can overlap on this 2-core machine. The workload is a fixed pool of four
+small environments played by a random-initialised Llama sized so that generation and
+training take comparable time; the same steps, environments, plays and samples run under
+both schedules (``same_workload`` checks it). One runtime serves every phase: a warm-up
+step, then sync and async phases in turn (twice each; once with --quick), so the machine's
+drift hits both schedules alike. Checkpoints are skipped in both. Each async phase starts
+with an empty pipeline and its look-ahead is cut off at the end, which counts against it.
 
     python bench/pipeline.py [--quick] [--save]
 
@@ -25,33 +28,88 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ENV = '''"""Bench environment {i}: a dense reward, the share of lower-case letters in the replies."""
+# Four different small environments (two turns each, a dense reward in [0, 1] so that every
+# group has non-zero advantages); distinct enough that memory's near-duplicate check keeps
+# all four.
+ENVS = {
+    # the loop tests' dense-reward environment, shared
+    "lower_share": (ROOT / "tests" / "integration" / "envs" / "lower_share.py").read_text(),
+    "vowel_rich": '''"""Reward: how vowel-heavy the two replies are (vowels over letters)."""
+
+VOWELS = set("aeiouAEIOU")
 
 
-class Letters{i}Env:
-    def __init__(self, max_turns: int = 2, **kwargs):
-        self.max_turns = max_turns
+class VowelRichEnv:
+    def __init__(self, **kwargs):
+        self.replies = []
 
     def reset(self, seed=None):
-        self.turn, self.score = 0, 0.0
-        return "Environment {i}: answer twice in lower-case letters only.", {{}}
+        self.replies = []
+        return "Write two short lines using as many vowels as you can.", {}
 
     def step(self, action):
-        self.turn += 1
-        text = (action or "").strip()
-        share = sum(c.islower() for c in text) / len(text) if text else 0.0
-        self.score += share / self.max_turns
-        if self.turn >= self.max_turns:
-            return "done", round(self.score, 4) if self.score < 1 else 1.0, True, False, {{}}
-        return "again", 0.0, False, False, {{}}
+        self.replies.append(action or "")
+        if len(self.replies) < 2:
+            return "One more line, please.", 0.0, False, False, {}
+        letters = [c for r in self.replies for c in r if c.isalpha()]
+        reward = sum(c in VOWELS for c in letters) / max(1, len(letters))
+        return "Thanks.", float(reward), True, False, {}
 
     def solution(self):
-        return ["abc", "def"]
-'''
+        return ["aeiou", "ouaie"]
+''',
+    "length_target": '''"""Reward: replies close to twenty characters long."""
+
+TARGET = 20
+
+
+def closeness(text):
+    n = len(text.strip())
+    return 1.0 - abs(n - TARGET) / max(n, TARGET)
+
+
+class LengthTargetEnv:
+    def reset(self, seed=None):
+        self.total, self.count = 0.0, 0
+        return f"Reply with exactly {TARGET} characters, two times.", {}
+
+    def step(self, action):
+        self.count += 1
+        self.total += closeness(action or "")
+        if self.count == 2:
+            return "Finished.", self.total / 2, True, False, {}
+        return f"Again, {TARGET} characters.", 0.0, False, False, {}
+
+    def solution(self):
+        return ["x" * TARGET, "y" * TARGET]
+''',
+    "word_count": '''"""Reward: replies made of many short words (words per character)."""
+
+
+class ManyWordsEnv:
+    prompt = "Use many short words in each of your two answers."
+
+    def reset(self, seed=None):
+        self.history = []
+        return self.prompt, {}
+
+    def step(self, action):
+        words = (action or "").split()
+        chars = max(1, len(action or ""))
+        self.history.append(min(1.0, 4 * len(words) / chars))
+        finished = len(self.history) >= 2
+        reward = sum(self.history) / len(self.history) if finished else 0.0
+        return ("ok" if finished else "next"), reward, finished, False, {}
+
+    def solution(self):
+        return ["a b c d", "e f g h"]
+''',
+}
 
 
 def workload(tmp: Path, quick: bool) -> tuple[Path, Path]:
@@ -60,26 +118,35 @@ def workload(tmp: Path, quick: bool) -> tuple[Path, Path]:
     model = tiny_model_dir(tmp / "model", hidden_size=256, num_layers=4)
     pool = tmp / "pool"
     pool.mkdir()
-    for i in range(4):
-        (pool / f"letters_{i}.py").write_text(ENV.format(i=i))
+    for name, code in ENVS.items():
+        (pool / f"{name}.py").write_text(code)
     return model, pool
 
 
-def overrides(model: Path, pool: Path, schedule: str, quick: bool) -> list[str]:
-    steps = 4 if quick else 8
+# Workload: 4 environments x 8 plays x 2 turns per step. The reply length balances the two
+# stages (generation ~ training per step on one core each), the regime the async schedule is
+# for: the bound on its speed-up is (engine + trainer) / max(engine, trainer), 2x when equal.
+# Phases alternate sync and async in one runtime (same processes, same warm state), so that
+# drift in this shared machine's speed hits both schedules alike; one sync step warms up first.
+MAX_STALENESS = 1
+FULL = {"phase_steps": 8, "rounds": 2, "plays": 8, "turn_tokens": 48}
+QUICK = {"phase_steps": 2, "rounds": 1, "plays": 4, "turn_tokens": 8}
+
+
+def overrides(model: Path, pool: Path, quick: bool) -> list[str]:
+    w = QUICK if quick else FULL
     return [
         "mode=fixed_pool",
-        f"schedule={schedule}",
         f"model={model}",
-        f"max_steps={steps}",
+        "max_steps=1000000",  # phases set their own end
         "replay_envs=4",
         "initial_memory=''",
         f"fixed_pool={pool}",
-        "checkpoint_every=1000",
-        "max_staleness=1",
-        "agent.plays_nohint=8",
+        "checkpoint_every=1000000",
+        f"max_staleness={MAX_STALENESS}",
+        f"agent.plays_nohint={w['plays']}",
         "agent.max_turns=2",
-        f"agent.max_turn_tokens={16 if quick else 32}",
+        f"agent.max_turn_tokens={w['turn_tokens']}",
         "agent.temperature=1.0",
         "trainer.lr=1e-4",
         "trainer.micro_batch_tokens=4096",
@@ -91,36 +158,91 @@ def overrides(model: Path, pool: Path, schedule: str, quick: bool) -> list[str]:
         "engine.cpus=[0]",
         "placement.trainer_threads=1",
         "placement.trainer_cpus=[1]",
-        "pipeline.groups_per_step=4",
+        "pipeline.groups_per_step=0",  # as many groups as a sync step plays: same work
         "pipeline.groups_in_flight=4",
         "pipeline.queue_groups=0",
     ]
 
 
-def run_one(tmp: Path, model: Path, pool: Path, schedule: str, quick: bool) -> dict:
+async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
+    """``steps`` trainer steps under ``schedule`` on the open runtime ``rt``."""
+    from spade_async import cycle, schedule_async, schedule_sync
+
+    start = rt.state.step
+    rt.cfg = msgspec.structs.replace(cfg, schedule=schedule, max_steps=start + steps)
+    busy0 = dict(rt.meters.state_dict()["busy_s"])
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    if schedule == "sync":
+        window = cycle.Window()
+        while rt.state.step < start + steps:
+            window = await schedule_sync.sync_step(rt, window)
+    else:
+        await schedule_async.run_async(rt, anyio.Event())
+        await rt.client.pause("abort")  # the producer's look-ahead is cut off here
+        await rt.client.resume()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    busy1 = rt.meters.state_dict()["busy_s"]
+    return {
+        "schedule": schedule,
+        "first_step": start + 1,
+        "steps": rt.state.step - start,
+        "wall_s": wall,
+        "busy_s": {k: busy1[k] - busy0.get(k, 0.0) for k in busy1},
+        "controller_cpu_s": cpu,
+    }
+
+
+def measure(tmp: Path, model: Path, pool: Path, quick: bool) -> tuple[list[dict], list[dict]]:
     from spade_async import recipe
-    from spade_async.run import train
     from spade_async.rundir import RunDir
+    from spade_async.runtime import open_runtime
     from spade_async.telemetry.metrics import read_metrics
 
-    cfg = recipe.load(None, overrides(model, pool, schedule, quick))
-    run_dir = RunDir(tmp / f"run-{schedule}").create()
+    w = QUICK if quick else FULL
+    cfg = recipe.load(None, overrides(model, pool, quick))
+    run_dir = RunDir(tmp / "run").create()
     run_dir.write_config(cfg)
-    t0 = time.perf_counter()
-    anyio.run(lambda: train(cfg, run_dir, handle_signals=False))
-    total = time.perf_counter() - t0
-    last = [r for r in read_metrics(run_dir.metrics) if r["kind"] == "step"][-1]
-    busy = {k.split("/", 1)[1]: round(v, 2) for k, v in last.items() if k.startswith("busy_s/")}
+
+    async def go() -> list[dict]:
+        async with open_runtime(cfg, run_dir) as rt:
+
+            async def no_checkpoint():  # both schedules skip saving: not what is measured
+                return None
+
+            rt.checkpoint = no_checkpoint
+            await run_phase(rt, cfg, "sync", 1)  # warm-up: first-call costs in every process
+            phases = []
+            for _ in range(w["rounds"]):
+                for schedule in ("sync", "async"):
+                    phases.append(await run_phase(rt, cfg, schedule, w["phase_steps"]))
+            return phases
+
+    phases = anyio.run(go)
+    records = [r for r in read_metrics(run_dir.metrics) if r["kind"] == "step"]
+    return phases, records
+
+
+def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
+    mine = [p for p in phases if p["schedule"] == schedule]
+    steps = {s for p in mine for s in range(p["first_step"], p["first_step"] + p["steps"])}
+    recs = [r for r in records if r["step"] in steps]
+    stages = sorted({k for p in mine for k in p["busy_s"]})
     return {
-        "wall_s": round(last["time/elapsed_s"], 2),  # first step to last (start-up excluded)
-        "total_s_with_startup": round(total, 2),
-        "busy_s": busy,
-        "steps": last["step"],
-        "final_version": last["version"],
-        "staleness_dropped": last.get("staleness/dropped", 0),
-        "tokens_per_s": {
-            k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("tokens_per_s/")
-        },
+        "phases": len(mine),
+        "steps": len(steps),
+        "wall_s": round(sum(p["wall_s"] for p in mine), 2),
+        "wall_s_per_phase": [round(p["wall_s"], 2) for p in mine],
+        "busy_s": {k: round(sum(p["busy_s"].get(k, 0.0) for p in mine), 2) for k in stages},
+        "trained_samples": int(sum(r.get("train/samples", 0) for r in recs)),
+        "trained_tokens": int(sum(r.get("train/tokens", 0) for r in recs)),
+        "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in recs), default=0),
+        "staleness_dropped": int(
+            max((r.get("staleness/dropped", 0) for r in recs), default=0)
+            - min((r.get("staleness/dropped", 0) for r in recs), default=0)
+        ),
+        # the controller (event loop, templating, HTTP, scoring) shares the two cores
+        "controller_cpu_s": round(sum(p["controller_cpu_s"] for p in mine), 2),
+        "engines_paused_for_push_s": round(sum(r.get("train/push_paused_s", 0.0) for r in recs), 2),
     }
 
 
@@ -128,21 +250,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--quick", action="store_true", help="fewer steps and tokens (under ~2 minutes)"
-    )
+    ap.add_argument("--quick", action="store_true", help="2 short steps per schedule (~1 min)")
     ap.add_argument("--save", action="store_true", help="write bench/results/pipeline.json")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
+    t0 = time.perf_counter()
     try:
         model, pool = workload(tmp, args.quick)
-        sync = run_one(tmp, model, pool, "sync", args.quick)
-        asyn = run_one(tmp, model, pool, "async", args.quick)
+        phases, records = measure(tmp, model, pool, args.quick)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ideal = max(sync["busy_s"].get("engine", 0.0), sync["busy_s"].get("trainer", 0.0))
+    sync, asyn = summarise(phases, records, "sync"), summarise(phases, records, "async")
+    # The ideal bound: the busiest stage, each stage at its least busy time in either schedule
+    # (uncontended work), so no overlap can beat it.
+    stage_min = {
+        k: min(sync["busy_s"].get(k, 0.0), asyn["busy_s"].get(k, 0.0))
+        for k in ("engine", "trainer")
+    }
+    ideal = max(stage_min.values())
     speedup = sync["wall_s"] / asyn["wall_s"]
+    # This VM runs single-process work slower while the other core idles (seen in sync
+    # phases), which flatters async; the same-speed figure charges sync the async phases'
+    # stage times plus its own serial remainder: the overlap's gain alone.
+    serial_rest = (
+        sync["wall_s"] - sync["busy_s"].get("engine", 0.0) - sync["busy_s"].get("trainer", 0.0)
+    )
+    same_speed = (
+        asyn["busy_s"].get("engine", 0.0) + asyn["busy_s"].get("trainer", 0.0) + serial_rest
+    ) / asyn["wall_s"]
     of_ideal = asyn["wall_s"] / ideal if ideal else float("nan")
     out = {
         "bench": "pipeline",
@@ -153,9 +289,16 @@ def main() -> None:
             "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
             "python": platform.python_version(),
         },
+        "workload": {**(QUICK if args.quick else FULL), "envs": len(ENVS), "turns": 2},
+        "total_s": round(time.perf_counter() - t0, 1),
         "sync": sync,
         "async": asyn,
+        # the premise: both schedules trained the same number of samples
+        "same_workload": sync["trained_samples"] == asyn["trained_samples"],
         "ideal_bound_s": round(ideal, 2),
+        # overlap can at best hide the smaller stage: sync wall / ideal
+        "speedup_bound": round(sync["wall_s"] / ideal, 2) if ideal else None,
+        "speedup_at_same_stage_speed": round(same_speed, 2),
         "targets": {
             "async_speedup_vs_sync": {
                 "target": ">= 1.6",
@@ -166,6 +309,11 @@ def main() -> None:
                 "target": "<= 1.25",
                 "measured": round(of_ideal, 2),
                 "met": of_ideal <= 1.25,
+            },
+            "max_trained_sample_age": {
+                "target": f"<= max_staleness ({MAX_STALENESS})",
+                "measured": asyn["max_sample_age"],
+                "met": asyn["max_sample_age"] <= MAX_STALENESS,
             },
         },
     }

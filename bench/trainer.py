@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -33,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from _hw import machine
 
 from spade_async.models import tiny_model_dir
 from spade_async.trainer.batch import Batch, Sample
@@ -45,18 +44,9 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "40
 
 
 def hardware() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        **machine(),
         "gpu": gpu,
         "torch": torch.__version__,
         "backend": "nccl" if gpu else "gloo",

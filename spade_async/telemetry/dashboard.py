@@ -34,7 +34,8 @@ CURVES = (
 )
 _KNOWN = re.compile(
     r"^(version|max_steps|time/|tokens_per_s/|busy_s/|idle_s/|stream/|designer/|regret/|"
-    r"win_rate/|reward/|memory/|engine/|trainer/healthy|staleness/|hint/)"
+    r"win_rate/|reward/|memory/|engine/|trainer/healthy|trainer/restarts|staleness/|hint/|"
+    r"train/push|train/lost_batches)"
 )
 _SPARK = "▁▂▃▄▅▆▇█"
 _EIGHTHS = " ▏▎▍▌▋▊▉"

@@ -74,6 +74,11 @@ def stages(st: Any) -> Panel:
             stage, bar(shown, 12, style), f"{shown:.0%}",
             Text("run " + ("-" if total is None else f"{total:.0%}"), style="dim"),
         )  # fmt: skip
+    r = st.latest
+    if "train/push_s" in r:  # the weight push, and how long generation waited for it
+        paused = r.get("train/push_paused_s")
+        t.add_row("push", f"{r['train/push_s']:.2f} s", "",
+                  Text("" if paused is None else f"paused {paused:.2f} s", style="dim"))  # fmt: skip
     return Panel(t, title="busy (last interval)", title_align="left")
 
 
@@ -152,7 +157,9 @@ def health(st: Any) -> Panel:
     r = st.latest
     t = _grid("lr")
     for key, name in (("memory/size", "memory size"), ("memory/duplicates", "duplicates rejected"),
-                      ("staleness/dropped", "stale samples dropped"), ("hint/leaks", "hint leaks")):  # fmt: skip
+                      ("staleness/dropped", "stale samples dropped"), ("hint/leaks", "hint leaks"),
+                      ("trainer/restarts", "trainer restarts"),
+                      ("train/lost_batches", "batches lost to a dead trainer")):  # fmt: skip
         if key in r:
             t.add_row(name, _fmt(r[key]))
 

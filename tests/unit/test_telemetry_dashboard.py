@@ -18,7 +18,8 @@ def step_record(s: int, *, engine1_up: bool = True) -> dict:
            "regret/values": [0.0, 0.1, 0.2], "win_rate/values": [0.5, 0.45, 0.9],
            "reward/agent_mean": 0.1 * s, "reward/designer_mean": 0.3, "memory/size": 40 * s,
            "memory/duplicates": s, "engine/0/healthy": True, "engine/1/healthy": engine1_up,
-           "trainer/healthy": True, "staleness/dropped": 3, "hint/leaks": 1, "loss/policy": 0.5}  # fmt: skip
+           "trainer/healthy": True, "staleness/dropped": 3, "hint/leaks": 1, "loss/policy": 0.5,
+           "train/push_s": 0.42, "train/push_paused_s": 0.17, "trainer/restarts": 1}  # fmt: skip
     for k, stage in enumerate(("engine", "trainer", "env_pool"), start=1):
         rec[f"busy_s/{stage}"] = 2.0 * k * s
         rec[f"idle_s/{stage}"] = 10.0 * s - 2.0 * k * s
@@ -62,6 +63,8 @@ def test_dashboard_shows_every_panel_with_live_numbers():
     assert "✗ DOWN" in text and "● up" in text  # engine 1 is down, others up
     assert "env-0012" in text and "env-0011" in text and "loss/policy" in text
     assert "[warn] step 12: engine 1 died" in text
+    assert "0.42 s" in text and "paused 0.17 s" in text  # the weight push, generation paused
+    assert "trainer restarts" in text
 
 
 def test_busy_panel_shows_last_interval_and_whole_run():
