@@ -397,8 +397,8 @@ def main() -> None:
         },
         **{
             f"{name}_ms_at_100k": {
-                "target": "<= 2",
-                "measured_median_ms": big[name]["median_ms"],
+                "target": "<= 2 (median; p99 of CPU time too)",
+                "measured": big[name]["median_ms"],
                 "cpu_p99_ms": big[name]["cpu_p99_ms"],
                 "wall_p99_ms": big[name]["p99_ms"],
                 "met": big[name]["median_ms"] <= 2.0 and big[name]["cpu_p99_ms"] <= 2.0,
@@ -416,9 +416,10 @@ def main() -> None:
             "met": ten["speedup_updates_batched_vs_json_fifo"] >= 50,
         },
         "corpus_peak_rss_mb": {
-            "target": "not the corpus size",
+            "target": "<= 256 MB whatever the corpus size (sampling never loads the corpus)",
             "measured": out["corpus"]["peak_rss_mb"],
             "corpus_mb": out["corpus"]["file_mb"],
+            "met": out["corpus"]["peak_rss_mb"] <= 256,
         },
     }
     line = json.dumps(out)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+from _hw import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -284,10 +284,8 @@ def main() -> None:
         "bench": "pipeline",
         "quick": args.quick,
         "hardware": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
+            **machine(),
             "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
-            "python": platform.python_version(),
         },
         "workload": {**(QUICK if args.quick else FULL), "envs": len(ENVS), "turns": 2},
         "total_s": round(time.perf_counter() - t0, 1),
