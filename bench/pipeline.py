@@ -171,6 +171,7 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
     start = rt.state.step
     rt.cfg = msgspec.structs.replace(cfg, schedule=schedule, max_steps=start + steps)
     busy0 = dict(rt.meters.state_dict()["busy_s"])
+    dropped0 = rt.meters.counters.get("staleness/dropped", 0)
     t0, cpu0 = time.perf_counter(), time.process_time()
     if schedule == "sync":
         window = cycle.Window()
@@ -188,6 +189,7 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
         "steps": rt.state.step - start,
         "wall_s": wall,
         "busy_s": {k: busy1[k] - busy0.get(k, 0.0) for k in busy1},
+        "staleness_dropped": rt.meters.counters.get("staleness/dropped", 0) - dropped0,
         "controller_cpu_s": cpu,
     }
 
@@ -236,10 +238,7 @@ def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
         "trained_samples": int(sum(r.get("train/samples", 0) for r in recs)),
         "trained_tokens": int(sum(r.get("train/tokens", 0) for r in recs)),
         "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in recs), default=0),
-        "staleness_dropped": int(
-            max((r.get("staleness/dropped", 0) for r in recs), default=0)
-            - min((r.get("staleness/dropped", 0) for r in recs), default=0)
-        ),
+        "staleness_dropped": sum(p["staleness_dropped"] for p in mine),
         # the controller (event loop, templating, HTTP, scoring) shares the two cores
         "controller_cpu_s": round(sum(p["controller_cpu_s"] for p in mine), 2),
         "engines_paused_for_push_s": round(sum(r.get("train/push_paused_s", 0.0) for r in recs), 2),

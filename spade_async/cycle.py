@@ -26,7 +26,6 @@ from spade_async.rewards import (
 from spade_async.roles.agent import EnvRef, Episode, play_episode, transcript
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
-from spade_async.runtime import push_targets
 from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.client import TrainerDied
 
@@ -297,18 +296,13 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
 
 
 async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
-    """The trainer's weights to every engine. With generation in flight (``pause``), the
-    trainer pauses the engines only around the engine-side update, after the export it does
-    while they generate. Returns the push's time and how long generation was paused."""
-    mode = rt.cfg.pipeline.pause_mode if pause else ""
+    """``rt.push``; a trainer that dies in it is restarted. Returns the push's time and how
+    long generation was paused for it."""
     try:
-        pushed = await rt.trainer.push_weights(
-            push_targets(rt.cfg, rt.engine_urls), **rt.push_kw, pause_mode=mode
-        )
+        pushed = await rt.push(pause=pause)
     except TrainerDied as exc:
         await rt.restart_trainer(str(exc), pause=pause)
         return {}
-    rt.state.version = pushed.version
     return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
 
 

@@ -38,6 +38,7 @@ from spade_async.trainer.launch import TrainerProcess
 
 if TYPE_CHECKING:
     from spade_async.recipe import Config
+    from spade_async.trainer.rpc import WeightsPushed
 
 
 class ControllerState(msgspec.Struct, kw_only=True):
@@ -69,7 +70,7 @@ class Runtime:
     engines: list = field(default_factory=list)
     resume_note: str = ""
     release_memory: bool = False  # colocated: engines release GPU memory around train steps
-    push_kw: dict[str, Any] = field(default_factory=dict)  # PushWeights fields but engines
+    push_kw: dict[str, Any] = field(default_factory=dict)  # PushWeights fields (push_kwargs)
     model_dir: Path | None = None  # the base model the trainer starts from without a checkpoint
     trainer_restarts: int = 0  # restarts so far
     meters: Meters = field(default_factory=Meters)
@@ -98,6 +99,16 @@ class Runtime:
         write_atomic(path / "DONE", b"")
         return path
 
+    async def push(self, *, pause: bool) -> WeightsPushed:
+        """The trainer's weights to every engine; their version becomes the trainer's. With
+        generation in flight (``pause``) the trainer pauses the engines only around the
+        engine-side update."""
+        pushed = await self.trainer.push_weights(
+            **self.push_kw, pause_mode=self.cfg.pipeline.pause_mode if pause else ""
+        )
+        self.state.version = pushed.version
+        return pushed
+
     async def restart_trainer(self, why: str, *, pause: bool = False) -> None:
         """A dead trainer comes back from the latest checkpoint (or the base model) and its
         weights go to the engines, so their version equals the trainer's again; the steps
@@ -120,14 +131,10 @@ class Runtime:
         )
         self.trainer_proc = proc
         self.trainer = AsyncTrainerClient(await anyio.to_thread.run_sync(proc.start))
-        pushed = await self.trainer.push_weights(
-            push_targets(cfg, self.engine_urls),
-            **self.push_kw,
-            pause_mode=cfg.pipeline.pause_mode if pause else "",
-        )
-        lost = self.state.version - pushed.version
+        before = self.state.version
+        pushed = await self.push(pause=pause)
+        lost = before - pushed.version
         self.meters.count("trainer/lost_versions", lost)
-        self.state.version = pushed.version
         where = f"checkpoint step {latest[0]}" if latest is not None else "the base model"
         self.tel.event(
             self.state.step,
@@ -162,26 +169,21 @@ async def _import_initial(
                 tg.start_soon(partial(import_files, store, src, pool=pool, writer=writer, **kw))
 
 
-def push_kwargs(cfg: Config) -> dict[str, Any]:
-    """How ``push_weights`` reaches the engines (``placement.push_mode``): the mode, and for
-    NCCL the rendezvous of trainer rank 0 and the engines (all on this node)."""
+def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
+    """How ``push_weights`` reaches the engines (``placement.push_mode``): the engine URLs
+    (GPU paths append each server's TP size), the mode, and for NCCL the rendezvous of
+    trainer rank 0 and the engines (all on this node)."""
     from spade_async.engines import free_port
     from spade_async.placement import push_mode
 
     mode = push_mode(cfg)
-    kw: dict[str, Any] = {"mode": mode}
+    if mode == "disk":
+        return {"engines": list(urls), "mode": mode}
+    engines = [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
+    kw: dict[str, Any] = {"engines": engines, "mode": mode}
     if mode == "distributed":
         kw.update(master_address="127.0.0.1", master_port=free_port())
     return kw
-
-
-def push_targets(cfg: Config, urls: list[str]) -> list[str]:
-    """Engine URLs as ``PushWeights`` takes them: GPU paths append each server's TP size."""
-    from spade_async.placement import push_mode
-
-    if push_mode(cfg) == "disk":
-        return list(urls)
-    return [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
 
 
 @contextlib.asynccontextmanager
@@ -252,7 +254,7 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             engines=engines,
             resume_note=_resume_note(run_dir, resumed, state),
             release_memory=cfg.placement.colocate and cfg.placement.release_memory,
-            push_kw=push_kwargs(cfg),
+            push_kw=push_kwargs(cfg, urls),
             model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )

@@ -28,6 +28,7 @@ from spade_async.errors import SpadeError
 from spade_async.generation.protocol import (
     GenerateOutput,
     GenerateReqInput,
+    MemoryOccupationReqInput,
     ModelInfo,
     SamplingParams,
     UpdateWeightFromDiskReqInput,
@@ -213,11 +214,11 @@ class GenerationClient:
     async def release_memory(self, tags: list[str] | None = None) -> None:
         """SGLang ``/release_memory_occupation`` on every engine (``None``: weights and KV
         cache). Colocated training frees the GPUs this way; engines must be idle."""
-        await self._all("/release_memory_occupation", {"tags": tags})
+        await self._all("/release_memory_occupation", MemoryOccupationReqInput(tags=tags))
 
     async def resume_memory(self, tags: list[str] | None = None) -> None:
         """SGLang ``/resume_memory_occupation`` (``None``: everything released)."""
-        await self._all("/resume_memory_occupation", {"tags": tags})
+        await self._all("/resume_memory_occupation", MemoryOccupationReqInput(tags=tags))
 
     async def flush_cache(self) -> None:
         await self._all("/flush_cache", None)

@@ -92,7 +92,6 @@ class Engine:
         self._swap: _Swap | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.spare: Any = None  # a second model the next weight update loads into (server)
         self.released: set[str] = set()  # memory tags given back (colocated training)
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         # batch state, touched only by the scheduler thread
@@ -158,7 +157,6 @@ class Engine:
                     "or waiting): pause_generation(mode='abort') or let them finish first"
                 )
             if "weights" in chosen and "weights" not in self.released:
-                self.spare = None
                 for name, p in self.model.named_parameters():
                     self._shapes[name] = (p.shape, p.dtype)
                     p.data = torch.empty(0, dtype=p.dtype)

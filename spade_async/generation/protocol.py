@@ -36,6 +36,7 @@ __all__ = [
     "InitWeightsUpdateGroupReqInput",
     "UpdateWeightsFromDistributedReqInput",
     "UpdateWeightsFromTensorReqInput",
+    "MemoryOccupationReqInput",
     "ModelInfo",
     "ErrorBody",
 ]
@@ -99,6 +100,13 @@ class GenerateOutput(msgspec.Struct, kw_only=True):
     text: str
     output_ids: list[int]
     meta_info: MetaInfo
+
+
+class MemoryOccupationReqInput(msgspec.Struct, kw_only=True):
+    """Body of ``/release_memory_occupation`` and ``/resume_memory_occupation`` (SGLang's
+    Release/ResumeMemoryOccupationReqInput): the regions, or null for all."""
+
+    tags: list[str] | None = None
 
 
 class UpdateWeightFromDiskReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):

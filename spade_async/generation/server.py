@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import sys
 import uuid
 from pathlib import Path
@@ -50,6 +51,7 @@ from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
 from spade_async.generation.protocol import (
     GenerateOutput,
     GenerateReqInput,
+    MemoryOccupationReqInput,
     MetaInfo,
     ModelInfo,
     SamplingParams,
@@ -80,6 +82,7 @@ class EngineApp:
         self.dtype = dtype
         self.vocab_size = int(engine.model.config.vocab_size)
         self._update_lock = asyncio.Lock()
+        self._spare: Any = None  # a second model the next weight update is copied into
         self._decode_gen = msgspec.json.Decoder(GenerateReqInput)
 
     # ---- /generate -------------------------------------------------------------------------
@@ -259,8 +262,8 @@ class EngineApp:
             old = self.engine.model
             fut = self.engine.swap_model(model, version, abort=req.abort_all_requests)
             await asyncio.wrap_future(fut)
-            if old is not model and not self.engine.released:
-                self.engine.spare = old  # the next update loads into it
+            # the old model is now idle: the next update is copied into it
+            self._spare = None if self.engine.released else old
         self.model_path = req.model_path
         out = UpdateWeightsReqOutput(
             success=True,
@@ -274,9 +277,12 @@ class EngineApp:
         model when names and shapes match (no model construction), else a full load."""
         from spade_async.models import load_causal_lm
 
-        fast = _load_into_spare(self.engine, Path(path))
-        if fast is not None:
-            return fast
+        file = Path(path) / "model.safetensors"
+        if file.is_file() and not self.engine.released:
+            spare = self._spare if self._spare is not None else copy.deepcopy(self.engine.model)
+            self._spare = None  # filled or not, it is this update's now
+            if _copy_checkpoint(spare, file):
+                return spare
         model, _ = load_causal_lm(path, dtype=self.dtype)
         if int(model.config.vocab_size) != self.vocab_size:
             raise ValueError(
@@ -291,18 +297,15 @@ class EngineApp:
         return await self._memory(request, self.engine.resume_memory)
 
     async def _memory(self, request: Request, action) -> Response:
-        body = await request.body()
         try:
-            tags = (msgspec.json.decode(body) if body else {}).get("tags")
-            if tags is not None and not (
-                isinstance(tags, list) and all(isinstance(t, str) for t in tags)
-            ):
-                raise ValueError(f"tags must be null or a list of strings, got {tags!r}")
-            action(tags)
-        except (msgspec.DecodeError, ValueError, AttributeError) as exc:
+            req = msgspec.json.decode(await request.body() or b"{}", type=MemoryOccupationReqInput)
+            action(req.tags)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
             return _error(str(exc))
         except EngineBusy as exc:
             return _error(str(exc), status=409)
+        if "weights" in self.engine.released:
+            self._spare = None  # released weights: no second copy either
         return JSONResponse({"success": True, "released": sorted(self.engine.released)})
 
     async def unsupported(self, request: Request) -> Response:
@@ -314,30 +317,22 @@ class EngineApp:
         return _json(out, status=400)
 
 
-def _load_into_spare(engine: Engine, path: Path) -> Any | None:
-    """Copy ``path/model.safetensors`` into the engine's spare model (made once by copying
-    the serving one); None when the files or names/shapes do not match it."""
-    import copy
-
+def _copy_checkpoint(model: Any, file: Path) -> bool:
+    """Copy the tensors of ``file`` (safetensors) into ``model``'s parameters; False (model
+    partly written) when its names or shapes differ."""
     from safetensors import safe_open
 
-    file = path / "model.safetensors"
-    if not file.is_file() or engine.released:
-        return None
-    spare = engine.spare if engine.spare is not None else copy.deepcopy(engine.model)
-    params = dict(spare.named_parameters())  # tied weights appear once, as the export has them
+    params = dict(model.named_parameters())  # tied weights appear once, as the export has them
     with safe_open(str(file), framework="pt") as f:
-        names = set(f.keys())
-        if names != params.keys():
-            return None
+        if set(f.keys()) != params.keys():
+            return False
         with torch.no_grad():
-            for name in names:
+            for name in params:
                 t = f.get_tensor(name)
                 if t.shape != params[name].shape:
-                    return None
+                    return False
                 params[name].copy_(t)
-    engine.spare = None  # now serving (after the swap); the old model becomes the spare
-    return spare
+    return True
 
 
 def _next_version(current: str) -> str:

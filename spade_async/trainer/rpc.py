@@ -62,7 +62,8 @@ class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     master_address: str = "127.0.0.1"  # distributed mode: the NCCL group's rendezvous
     master_port: int = 0
     bucket_bytes: int = 512 << 20
-    pause_mode: str = ""  # '' | in_place | abort | retract: pause engines around the update
+    # pause the engines around the engine-side update ('' = no pause: nothing in flight)
+    pause_mode: Literal["", "in_place", "abort", "retract"] = ""
 
 
 class Save(msgspec.Struct, tag=True, frozen=True, kw_only=True):

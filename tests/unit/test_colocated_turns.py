@@ -4,7 +4,7 @@ against the real CPU engine (which implements SGLang's release/resume endpoints)
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import anyio
 
@@ -13,6 +13,7 @@ from spade_async.cycle import train_and_push
 from spade_async.generation.client import ClientConfig, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.server import make_engine_app, serve_in_thread
+from spade_async.runtime import Runtime
 from spade_async.telemetry.metrics import Meters
 from spade_async.trainer.batch import Sample
 
@@ -28,7 +29,7 @@ class FakeTrainer:
         self.seen.append(("train", set(self.engine.released)))
         return {"loss": 0.0}
 
-    async def push_weights(self, targets, **kw):
+    async def push_weights(self, engines, **kw):
         self.seen.append(("push", set(self.engine.released)))
         versions = await self.client.update_weights_from_disk(str(self.model_dir))
         return SimpleNamespace(version=int(next(iter(versions.values()))), seconds=0.01, paused_s=0.0)
@@ -45,9 +46,11 @@ def test_train_and_push_releases_and_resumes_around_the_step(tiny_model):
                 trainer = FakeTrainer(app.engine, client, tiny_model)
                 rt = SimpleNamespace(
                     cfg=recipe.load(None, []), client=client, trainer=trainer,
-                    engine_urls=[url], push_kw={"mode": "disk"}, release_memory=True,
+                    engine_urls=[url], push_kw={"engines": [url], "mode": "disk"},
+                    release_memory=True,
                     meters=Meters(), state=SimpleNamespace(version=0),
                 )
+                rt.push = MethodType(Runtime.push, rt)  # the real push over the fake trainer
                 await train_and_push(rt, [sample], pause=False)
                 after = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
                 return trainer.seen, rt.state.version, after

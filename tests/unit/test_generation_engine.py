@@ -323,7 +323,7 @@ def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_
             first = engine.model
             await client.update_weights_from_disk(str(other))
             second = engine.model
-            flipped = engine.spare is first
+            flipped = engine_app._spare is first
             on_other = await client.generate(PROMPTS[0], sp)
             await client.update_weights_from_disk(str(tiny_model))
             return first, second, flipped, engine.model, on_other

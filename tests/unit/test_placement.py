@@ -215,23 +215,24 @@ def test_dry_run_of_a_run_directory_shows_the_resume(tmp_path, monkeypatch):
 
 
 def test_weight_push_follows_the_placement():
-    from spade_async.runtime import push_kwargs, push_targets
+    from spade_async.runtime import push_kwargs
 
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"]
     cfg = _load()
     assert placement.push_mode(cfg) == "distributed"
-    kw = push_kwargs(cfg)
+    kw = push_kwargs(cfg, urls)
     assert kw["mode"] == "distributed" and kw["master_port"] > 0
     assert kw["master_address"] == "127.0.0.1"
-    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"]
-    assert push_targets(cfg, urls)[0] == "http://127.0.0.1:1#tp=1"
+    assert kw["engines"][0] == "http://127.0.0.1:1#tp=1"
     tp2 = _load("engine.gpus=[[0, 1], [2, 3]]")
-    assert push_targets(tp2, urls[:2]) == ["http://127.0.0.1:1#tp=2", "http://127.0.0.1:2#tp=2"]
+    assert push_kwargs(tp2, urls[:2])["engines"] == [
+        "http://127.0.0.1:1#tp=2", "http://127.0.0.1:2#tp=2"]
     colocated = _load("placement.trainer_gpus=[0, 1, 2, 3]", "placement.colocate=true",
                       "schedule=sync", "placement.release_memory=false")
     assert placement.push_mode(colocated) == "tensor"
     cpu = recipe.load(None, [])
-    assert placement.push_mode(cpu) == "disk" and push_kwargs(cpu) == {"mode": "disk"}
-    assert push_targets(cpu, urls[:1]) == urls[:1]
+    assert placement.push_mode(cpu) == "disk"
+    assert push_kwargs(cpu, urls[:1]) == {"engines": urls[:1], "mode": "disk"}
     assert placement.push_mode(_load("placement.weight_push=disk")) == "disk"
 
 
