@@ -1,7 +1,8 @@
 """Turn scored episodes and designer samples into trainer samples.
 
 Agent: GRPO z-scores over each environment's trained plays (no-hint plays; hinted ones too
-when ``agent.train_on_hinted``); one sample per episode with the loss mask on agent tokens,
+when ``agent.train_on_hinted``; an episode the environment crashed or the engine refused
+leaves the group, as in the reference -- a timeout stays, scored ``rewards.timeout_reward``); one sample per episode with the loss mask on agent tokens,
 or with thinking fan-out one sample per turn (the prefix up to that turn, mask on that turn
 only) each carrying the whole episode's advantage. Designer: the prompt + first-attempt
 reply, advantage = per-skill centred reward x role-balance scale; masked samples dropped.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spade_async.rewards import grpo_advantages
-from spade_async.roles.agent import AgentConfig, Episode
+from spade_async.roles.agent import UNTRAINED_STATUSES, AgentConfig, Episode
 from spade_async.roles.designer import DesignSample
 from spade_async.trainer.batch import Sample
 
@@ -36,6 +37,8 @@ def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[S
     """Samples and how many episodes had zero advantage (nothing to learn)."""
     groups: dict[tuple[str, bool], list[Episode]] = defaultdict(list)
     for ep in episodes:
+        if ep.status in UNTRAINED_STATUSES:
+            continue
         if ep.turn_spans and (cfg.train_on_hinted or not ep.hinted):
             groups[(ep.env_id, ep.hinted)].append(ep)
     out, zero = [], 0

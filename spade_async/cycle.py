@@ -16,14 +16,16 @@ import anyio
 
 from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import (
-    centre_per_skill,
+    designer_advantages,
     designer_reward,
     ema,
+    matched_regret,
     regret,
     role_balance_scale,
     win_rate,
+    wins,
 )
-from spade_async.roles.agent import EnvRef, Episode, play_episode, transcript
+from spade_async.roles.agent import FAULT_STATUSES, EnvRef, Episode, play_episode, transcript
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
 from spade_async.trainer.batch import Batch, Sample
@@ -35,11 +37,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class Window:
-    """A regeneration window: its designer samples and the plays of their environments."""
+    """A regeneration window: its designer samples, the hints written for its environments
+    (once per window) and the plays of its environments as ``(policy version, reward)``."""
 
     samples: list[DesignSample] = field(default_factory=list)
-    hint_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    nohint_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    hints: dict[str, str | None] = field(default_factory=dict)
+    hint_plays: dict[str, list[tuple[int, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    plain_plays: dict[str, list[tuple[int, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
@@ -121,6 +130,20 @@ async def replay(rt: Runtime, n: int) -> list[str]:
     return ids
 
 
+async def window_hints(
+    rt: Runtime, window: Window, envs: list[EnvRef], *, fresh: bool
+) -> dict[str, str | None]:
+    """Hints for one round of plays, written once per window and environment. With
+    ``rewards.regret_plays = 'regen'`` (the reference) the hinted plays happen only in the
+    window's first round (``fresh``) and R(hint) is cached in the window; 'every_step'
+    replays the cached hints every round. Both schedules call this the same way."""
+    if not (fresh or rt.cfg.rewards.regret_plays == "every_step"):
+        return {}
+    missing = [e for e in envs if e.env_id not in window.hints]
+    window.hints.update(await hints_for(rt, missing))
+    return window.hints
+
+
 async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     hints: dict[str, str | None] = {}
     if not rt.cfg.hint.enabled or rt.cfg.agent.plays_hint == 0:
@@ -170,6 +193,7 @@ async def play(
                 cfg=cfg,
                 version=version,
                 meters=rt.meters,
+                timeout_reward=rt.cfg.rewards.timeout_reward,
             )
         episodes.append(ep)
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
@@ -193,68 +217,103 @@ async def score(
     rt: Runtime, episodes: list[Episode], window: Window | None
 ) -> dict[str, list[float]]:
     """Per-environment statistics into memory (and the designer window); returns the
-    regrets and no-hint win rates of the environments scored, for the dashboard."""
-    thr = rt.cfg.agent.success_threshold
-    by_env: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    regrets and no-hint win rates of the environments scored, for the dashboard. Plays the
+    environment crashed or timed out count as its faults, not as plays."""
+    thr, how = rt.cfg.agent.success_threshold, rt.cfg.rewards.win_rate
+    by_env: dict[str, tuple[list[Episode], list[Episode]]] = defaultdict(lambda: ([], []))
     for ep in episodes:
-        by_env[ep.env_id][0 if ep.hinted else 1].append(ep.reward)
+        if ep.status in FAULT_STATUSES:
+            if window is not None:
+                window.faults[ep.env_id] += 1
+            continue
+        by_env[ep.env_id][0 if ep.hinted else 1].append(ep)
     regrets, rates = [], []
-    for env_id, (hinted, plain) in by_env.items():
+    for env_id, (hinted_eps, plain_eps) in by_env.items():
+        hinted = [e.reward for e in hinted_eps]
+        plain = [e.reward for e in plain_eps]
         r = regret(hinted, plain)
         await rt.writer.update_stats(
             env_id,
             plays_hint=len(hinted),
-            wins_hint=float(sum(x >= thr for x in hinted)),
+            wins_hint=wins(hinted, thr, how),
             plays_nohint=len(plain),
-            wins_nohint=float(sum(x >= thr for x in plain)),
+            wins_nohint=wins(plain, thr, how),
             regret=r if hinted and plain else None,
             version=rt.state.version,
         )
         if plain:
             regrets.append(r)
-            rates.append(win_rate(plain, thr))
+            rates.append(win_rate(plain, thr, how))
         if window is not None:
-            window.hint_rewards[env_id].extend(hinted)
-            window.nohint_rewards[env_id].extend(plain)
+            window.hint_plays[env_id].extend((e.version, e.reward) for e in hinted_eps)
+            window.plain_plays[env_id].extend((e.version, e.reward) for e in plain_eps)
     return {"regret/values": regrets, "win_rate/values": rates}
 
 
-async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
-    """Score the window's designer samples from the plays accumulated over it."""
-    from spade_async.batcher import designer_samples
+def score_designs(
+    rt: Runtime, window: Window
+) -> tuple[list[DesignSample], list[float], list[float], list[bool]]:
+    """The window's scored designer samples, their rewards, advantages and keep-mask.
 
+    A broken first attempt is worth 0; an environment that crashed or timed out earns the
+    fault penalty; a valid environment that got no no-hint play in the window (all its
+    groups dropped as stale) is left out, unscored. Regret pairs the hinted plays with the
+    no-hint plays of the same policy versions; the win rate uses every no-hint play."""
     cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
-    rewards, rates = [], defaultdict(list)
+    scored: list[DesignSample] = []
+    values: list[float | None] = []
+    rates: dict[str, list[float]] = defaultdict(list)
     for s in window.samples:
         if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
-            rewards.append(0.0)
+            scored.append(s)
+            values.append(0.0)
             continue
-        hinted = window.hint_rewards.get(s.env_id, [])
-        plain = window.nohint_rewards.get(s.env_id, [])
-        rate = win_rate(plain, thr)
-        value = designer_reward(
-            cfg,
-            regret_value=regret(hinted, plain),
-            nohint_win_rate=rate,
-            nohint_rewards=plain,
-            slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
-            duplicate=s.duplicate,
+        if window.faults.get(s.env_id):
+            scored.append(s)
+            values.append(None)
+            continue
+        plain = [r for _, r in window.plain_plays.get(s.env_id, [])]
+        if not plain:
+            rt.meters.count("designer/unscored")
+            continue
+        rate = win_rate(plain, thr, cfg.win_rate)
+        scored.append(s)
+        values.append(
+            designer_reward(
+                cfg,
+                regret_value=matched_regret(
+                    window.hint_plays.get(s.env_id, []), window.plain_plays[s.env_id]
+                ),
+                nohint_win_rate=rate,
+                nohint_rewards=plain,
+                slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
+            )
         )
-        rewards.append(value)
         rates[s.skill].append(rate)
-        await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
-    for skill, values in rates.items():  # the slow baseline moves after the window is scored
+    for skill, vals in rates.items():  # the slow baseline moves after the window is scored
         prev = rt.state.skill_ema.get(skill)
-        rt.state.skill_ema[skill] = ema(prev, sum(values) / len(values), cfg.ema_decay)
-    adv, keep = centre_per_skill(
-        rewards, [s.skill for s in window.samples], mask_negative=cfg.mask_negative
+        rt.state.skill_ema[skill] = ema(prev, sum(vals) / len(vals), cfg.ema_decay)
+    rewards, adv, keep = designer_advantages(
+        cfg, values, [s.skill for s in scored], duplicate=[s.duplicate for s in scored]
     )
+    return scored, rewards, adv, keep
+
+
+async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
+    """Score the window's designer samples from the plays accumulated over it; the
+    trainer samples (advantage x role-balance scale) and the mean designer reward."""
+    from spade_async.batcher import designer_samples
+
+    scored, rewards, adv, keep = score_designs(rt, window)
+    for s, value in zip(scored, rewards, strict=True):
+        if s.env_id is not None and s.verdict.valid:
+            await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
     rt.meters.count("designer/masked", sum(not k for k in keep))
     scale = role_balance_scale(
-        n_agent, max(1, len(window.samples)), rt.cfg.regen_interval, cfg.max_role_scale
+        n_agent, max(1, len(scored)), rt.cfg.regen_interval, rt.cfg.rewards.max_role_scale
     )
     mean = sum(rewards) / len(rewards) if rewards else 0.0
-    return designer_samples(window.samples, adv, keep, scale), mean
+    return designer_samples(scored, adv, keep, scale), mean
 
 
 def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:

@@ -22,6 +22,7 @@ from spade_async.memory.store import MemoryConfig
 from spade_async.placement import PlacementConfig
 from spade_async.placement import check as check_placement
 from spade_async.rewards import RewardConfig
+from spade_async.rewards import check as check_rewards
 from spade_async.roles.agent import AgentConfig
 from spade_async.roles.designer import DesignerConfig
 from spade_async.roles.hint import HintConfig
@@ -153,6 +154,12 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             "with the designer off the agent only replays memory: set replay_envs >= 1"
         )
+    hints = cfg.hint.enabled and cfg.agent.plays_hint > 0
+    bad = check_rewards(
+        cfg.rewards, hints=hints, designer_train=cfg.designer_enabled and cfg.designer_train
+    )
+    if bad:
+        raise ConfigError(bad)
     if cfg.max_steps < 1 or cfg.regen_interval < 1:
         raise ConfigError("max_steps and regen_interval must be at least 1")
     if cfg.max_staleness < 0:

@@ -3,9 +3,14 @@
 Agent: outcome-only reward (the final step's reward clipped to [-1, 1] when the episode
 terminated, else 0; a step timeout scores -0.5), GRPO z-scores over each environment's plays.
 
-Designer: hint-based regret ``max(0, mean R(hint) - mean R(no hint))`` turned into a reward by
-one of the variants below, centred per skill (no std division: small-batch std blows it up),
-negative rewards masked, scaled by the role-balance factor.
+Designer: hint-based regret ``max(0, mean R(hint) - mean R(no hint))`` -- the no-hint plays
+taken at the policy versions that played the hinted ones (the reference's matched timing) --
+and the window's win rate (mean raw no-hint reward, as the reference) turned into a value by
+one of the variants below. A negative value masks the sample out *before* per-skill centring
+(masked samples never move their skill's mean); penalties (near-duplicate, an environment
+that crashed or timed out) are applied after that decision, so they always reach the
+trainer as a learning signal. Centred per skill (no std division: small-batch std blows it
+up), scaled by the role-balance factor. docs/FIDELITY.md maps each choice to the reference.
 """
 
 from __future__ import annotations
@@ -51,19 +56,76 @@ class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = (
         TIMEOUT_REWARD
     )
+    win_rate: Doc(
+        Literal["mean", "threshold"],
+        "an environment's win rate: mean raw no-hint reward (reference; partial rewards count "
+        "partly) or the share of plays at or above agent.success_threshold",
+    ) = "mean"
+    regret_plays: Doc(
+        Literal["regen", "every_step"],
+        "hinted plays once per window at regeneration, R_hint cached (reference), or every step",
+    ) = "regen"
+    env_fault_reward: Doc(
+        float,
+        "designer reward (never masked) of an environment whose plays crashed or timed out",
+    ) = TIMEOUT_REWARD
 
 
-def agent_outcome(final_reward: float, terminated: bool, *, timed_out: bool = False) -> float:
+def check(cfg: RewardConfig, *, hints: bool, designer_train: bool) -> str | None:
+    """A switch combination the method forbids, as one line (None: fine)."""
+    if designer_train and not hints and cfg.variant == "regret":
+        return (
+            "rewards.variant = 'regret' needs hints (regret = R(hint) - R(no hint)); enable "
+            "hint.enabled and agent.plays_hint > 0, or pick variant 'blend' or 'solve_rate'"
+        )
+    if cfg.regret_scale <= 0 or cfg.plateau_ramp <= 0:
+        return "rewards.regret_scale and rewards.plateau_ramp must be > 0"
+    if cfg.duplicate_penalty < 0 or cfg.env_fault_reward > 0:
+        return (
+            f"rewards.duplicate_penalty ({cfg.duplicate_penalty}) must be >= 0 and "
+            f"rewards.env_fault_reward ({cfg.env_fault_reward}) <= 0: both are penalties"
+        )
+    return None
+
+
+def agent_outcome(
+    final_reward: float,
+    terminated: bool,
+    *,
+    timed_out: bool = False,
+    timeout_reward: float = TIMEOUT_REWARD,
+) -> float:
     """Outcome-only agent reward."""
     if timed_out:
-        return TIMEOUT_REWARD
+        return timeout_reward
     if not terminated or math.isnan(final_reward):
         return 0.0
     return max(-1.0, min(1.0, float(final_reward)))
 
 
-def win_rate(rewards: Sequence[float], threshold: float = 1.0) -> float:
-    return sum(r >= threshold for r in rewards) / len(rewards) if rewards else 0.0
+def win_rate(
+    rewards: Sequence[float],
+    threshold: float = 1.0,
+    how: Literal["mean", "threshold"] = "threshold",
+) -> float:
+    """'mean': mean raw reward (the reference's win rate); 'threshold': share >= threshold."""
+    if not rewards:
+        return 0.0
+    if how == "mean":
+        return _mean(rewards)
+    return sum(r >= threshold for r in rewards) / len(rewards)
+
+
+def wins(rewards: Sequence[float], threshold: float, how: Literal["mean", "threshold"]) -> float:
+    """Numerator of ``win_rate`` (memory stores wins and plays)."""
+    return win_rate(rewards, threshold, how) * len(rewards)
+
+
+def matched_regret(hint: Sequence[tuple[int, float]], plain: Sequence[tuple[int, float]]) -> float:
+    """Regret from ``(policy version, reward)`` plays: hinted plays against the no-hint plays
+    of the same policy versions (the reference's matched timing; schedule-independent)."""
+    versions = {v for v, _ in hint}
+    return regret([r for _, r in hint], [r for v, r in plain if v in versions])
 
 
 def regret(hint_rewards: Sequence[float], nohint_rewards: Sequence[float]) -> float:
@@ -87,9 +149,8 @@ def designer_reward(
     nohint_win_rate: float,
     nohint_rewards: Sequence[float] = (),
     slow_ema_win_rate: float | None = None,
-    duplicate: bool = False,
 ) -> float:
-    """The configured variant, minus the near-duplicate penalty."""
+    """The configured variant's value (penalties come after masking: ``designer_advantages``)."""
     r_term = min(1.0, max(0.0, regret_value / cfg.regret_scale))
     match cfg.variant:
         case "regret":
@@ -107,20 +168,38 @@ def designer_reward(
                 _var(nohint_rewards) if nohint_rewards else nohint_win_rate * (1 - nohint_win_rate)
             )
             value = math.exp(-((var - cfg.variance_target) ** 2) / cfg.variance_width)
-    return value - (cfg.duplicate_penalty if duplicate else 0.0)
+    return value
 
 
-def centre_per_skill(
-    rewards: Sequence[float], skills: Sequence[str], *, mask_negative: bool = True
-) -> tuple[list[float], list[bool]]:
-    """Designer advantages: reward minus its skill's mean (no std division), and a keep-mask."""
+def designer_advantages(
+    cfg: RewardConfig,
+    values: Sequence[float | None],
+    skills: Sequence[str],
+    *,
+    duplicate: Sequence[bool],
+) -> tuple[list[float], list[float], list[bool]]:
+    """Rewards, advantages and keep-mask of a window's designer samples.
+
+    ``values``: the variant's value per sample (0 for a broken first attempt), or None for an
+    environment whose plays crashed or timed out (it earns ``env_fault_reward``). A negative
+    value is masked (``mask_negative``) and left out of its skill's mean; the near-duplicate
+    penalty is subtracted after that decision, so a duplicate is always a learning signal.
+    """
+    rewards, keep = [], []
+    for v, dup in zip(values, duplicate, strict=True):
+        if v is None:
+            rewards.append(cfg.env_fault_reward)
+            keep.append(True)
+            continue
+        rewards.append(v - (cfg.duplicate_penalty if dup else 0.0))
+        keep.append(not (cfg.mask_negative and v < 0))
     by_skill: dict[str, list[float]] = defaultdict(list)
-    for r, s in zip(rewards, skills, strict=True):
-        by_skill[s].append(r)
+    for r, s, k in zip(rewards, skills, keep, strict=True):
+        if k:
+            by_skill[s].append(r)
     means = {s: _mean(v) for s, v in by_skill.items()}
-    adv = [r - means[s] for r, s in zip(rewards, skills, strict=True)]
-    keep = [not (mask_negative and r < 0) for r in rewards]
-    return adv, keep
+    adv = [r - means[s] if k else 0.0 for r, s, k in zip(rewards, skills, keep, strict=True)]
+    return rewards, adv, keep
 
 
 def role_balance_scale(

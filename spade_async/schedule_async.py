@@ -73,7 +73,7 @@ async def producer(
 ) -> None:
     cfg, pc = rt.cfg, rt.cfg.pipeline
     limiter = anyio.Semaphore(max(1, pc.groups_in_flight))
-    hints: dict[str, str | None] = {}
+    fresh = False  # the first round of a window: hinted plays (rewards.regret_plays)
     async with send, anyio.create_task_group() as tg:
         while not stop.is_set():
             st = rt.state
@@ -83,7 +83,7 @@ async def producer(
                 sh.window = cycle.Window(samples=await cycle.regenerate(rt, st.version))
                 sh.window_start = st.version
                 st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
-                hints = {}
+                fresh = True
             envs = cycle.env_refs(rt, st.current_envs + await cycle.replay(rt, cfg.replay_envs))
             sh.envs_per_step = pc.groups_per_step or max(1, len(envs))
             if not envs:  # nothing valid to play: an empty step (as in sync), then regenerate
@@ -94,7 +94,8 @@ async def producer(
                 sh.window_start = -1
                 await send.send(Group(None, []))
                 continue
-            hints.update(await cycle.hints_for(rt, [e for e in envs if e.env_id not in hints]))
+            hints = await cycle.window_hints(rt, sh.window, envs, fresh=fresh)
+            fresh = False
             for env in envs:
                 await limiter.acquire()
                 if stop.is_set():

@@ -7,7 +7,10 @@ truncated, or a turn/token limit. Token ids, the loss mask (agent tokens only), 
 rollout log-probs and the policy version of every turn are kept for the trainer.
 
 Environment failures during play (timeouts, crashes, bad outputs) are data: the episode
-ends with SPADE's penalty and a status, never an exception.
+ends with a status, never an exception. A timeout scores ``timeout_reward`` (the reference's
+-0.5, ``rewards.timeout_reward``); a crash or bad return is not the agent's fault: status
+``env_error``, and the batcher leaves it out of the agent's GRPO group (``FAULT_STATUSES``
+mark the environment for the designer's penalty).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ Status = Literal[
     "empty_reply",
     "engine_error",
 ]
+
+FAULT_STATUSES = frozenset({"timeout", "env_error"})  # the environment's fault: designer penalty
+UNTRAINED_STATUSES = frozenset({"env_error", "engine_error"})  # not the agent's doing: no GRPO
 
 GAMES_SYSTEM = (
     "You are playing a text game. Read each observation carefully, think briefly, then give "
@@ -113,8 +119,10 @@ async def play_episode(
     cfg: AgentConfig,
     version: int,
     meters: Any = None,
+    timeout_reward: float = -0.5,
 ) -> Episode:
-    """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time."""
+    """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time;
+    ``timeout_reward`` (``rewards.timeout_reward``) scores an environment timeout."""
     busy = meters.busy if meters is not None else _no_busy
     key = f"ep-{next(_session)}"
     conv: Conversation | None = None
@@ -169,8 +177,10 @@ async def play_episode(
                 break
             conv.add_observation(obs, role="tool" if tool_use else "user")
     except EnvError as exc:
-        status = "timeout" if exc.kind == "timeout" else "env_error"
-        reward, error = agent_outcome(0.0, False, timed_out=True), f"{exc.kind}: {exc}"
+        timed_out = exc.kind == "timeout"
+        status = "timeout" if timed_out else "env_error"
+        reward = agent_outcome(0.0, False, timed_out=timed_out, timeout_reward=timeout_reward)
+        error = f"{exc.kind}: {exc}"
     except EngineRequestError as exc:  # e.g. the episode outgrew the context: this request only
         status, error = "engine_error", str(exc)
     finally:
