@@ -38,6 +38,11 @@ class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     blend_regret_weight: Doc(
         float, "weight of the regret term in 'blend' (the plateau term gets 1 - this)"
     ) = 0.4
+    regret_floor: Doc(
+        bool,
+        "'blend': clip the regret term to [0, 1] (reference recipes); false lets a negative "
+        "regret through, and a negative blend is then masked",
+    ) = True
     plateau_low: Doc(float, "no-hint win rates in [low, high] earn the full plateau score") = 0.4
     plateau_high: Doc(float, "upper edge of the plateau") = 0.6
     plateau_ramp: Doc(float, "width of the linear ramp to 0 on each side of the plateau") = 0.25
@@ -122,10 +127,14 @@ def wins(rewards: Sequence[float], threshold: float, how: Literal["mean", "thres
 
 
 def matched_regret(hint: Sequence[tuple[int, float]], plain: Sequence[tuple[int, float]]) -> float:
-    """Regret from ``(policy version, reward)`` plays: hinted plays against the no-hint plays
-    of the same policy versions (the reference's matched timing; schedule-independent)."""
+    """Signed regret from ``(policy version, reward)`` plays: mean hinted reward minus the
+    mean of the no-hint plays of the same policy versions (the reference's matched timing;
+    schedule-independent). 0 when either side is empty; the variants floor it."""
     versions = {v for v, _ in hint}
-    return regret([r for _, r in hint], [r for v, r in plain if v in versions])
+    matched = [r for v, r in plain if v in versions]
+    if not hint or not matched:
+        return 0.0
+    return _mean([r for _, r in hint]) - _mean(matched)
 
 
 def regret(hint_rewards: Sequence[float], nohint_rewards: Sequence[float]) -> float:
@@ -157,7 +166,8 @@ def designer_reward(
             value = r_term
         case "blend":
             w = cfg.blend_regret_weight
-            value = w * r_term + (1.0 - w) * plateau(nohint_win_rate, cfg)
+            r_blend = r_term if cfg.regret_floor else regret_value / cfg.regret_scale
+            value = w * r_blend + (1.0 - w) * plateau(nohint_win_rate, cfg)
         case "solve_rate":
             value = plateau(nohint_win_rate, cfg)
         case "learning_potential":

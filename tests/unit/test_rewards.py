@@ -62,6 +62,13 @@ def test_blend_default():
     assert designer_reward(CFG, regret_value=0.9, nohint_win_rate=0.5) == pytest.approx(1.0)
 
 
+def test_blend_without_regret_floor_can_go_negative():
+    cfg = RewardConfig(regret_floor=False)
+    # 0.4 * (-0.3 / 0.15) + 0.6 * plateau(0.5) = -0.8 + 0.6 = -0.2
+    assert designer_reward(cfg, regret_value=-0.3, nohint_win_rate=0.5) == pytest.approx(-0.2)
+    assert designer_reward(CFG, regret_value=-0.3, nohint_win_rate=0.5) == pytest.approx(0.6)
+
+
 def test_other_variants():
     r = RewardConfig(variant="regret")
     assert designer_reward(r, regret_value=0.03, nohint_win_rate=0.0) == pytest.approx(0.2)
@@ -141,6 +148,7 @@ def test_matched_regret_pairs_hinted_plays_with_same_version_plain_plays():
     hint = [(3, 1.0), (3, 0.5)]
     plain = [(3, 0.5), (3, 0.0), (4, 1.0), (4, 1.0)]
     assert matched_regret(hint, plain) == pytest.approx(0.5)
+    assert matched_regret([(3, 0.0)], plain) == pytest.approx(-0.25)  # signed: variants floor it
     assert regret([1.0, 0.5], [0.5, 0.0, 1.0, 1.0]) == pytest.approx(0.125)
     assert matched_regret([], plain) == 0.0
     assert matched_regret(hint, [(4, 1.0)]) == 0.0  # no same-policy plain play: no regret
