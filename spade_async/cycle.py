@@ -51,10 +51,19 @@ class Window:
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+def active_skills(skills: tuple[str, ...], epoch: int, k: int) -> list[str]:
+    """The reference's rotation: regeneration epoch ``e`` takes the ``k`` skills starting at
+    ``e * k`` (mod the number of skills), so every skill comes round and none idles long."""
+    n = len(skills)
+    if k <= 0 or k >= n:
+        return [str(s) for s in skills]
+    start = (epoch * k) % n
+    return [str(skills[(start + j) % n]) for j in range(k)]  # plain str: msgpack-encoded
+
+
 async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
     d = rt.cfg.designer
-    picks = rt.rng.choice(len(d.skills), size=min(d.skills_per_regen, len(d.skills)), replace=False)
-    skills = [d.skills[int(i)] for i in picks]  # plain str: records are msgpack-encoded
+    skills = active_skills(d.skills, version // rt.cfg.regen_interval, d.skills_per_regen)
     groups = []
     for skill in skills:
         for _ in range(d.prompts_per_skill):
@@ -65,6 +74,7 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
                 document=doc.text if doc else None,
                 store=rt.store if d.use_memory else None,
                 rng=rt.rng,
+                max_turns=rt.cfg.agent.max_turns,
             )
             groups.append((skill, doc.id if doc else None, prompt, shown))
     out: list[DesignSample] = []
@@ -95,6 +105,8 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
         rt.meters.count(f"designer/stage/{s.verdict.stage}")
         rt.meters.count("designer/valid", int(s.verdict.valid))
         rt.meters.count("designer/duplicates", int(s.duplicate))
+        rt.meters.count("designer/retries", s.retries)
+        rt.meters.count("designer/filled_by_retry", int(s.retries > 0 and s.env_id is not None))
         rt.tel.log(
             rt.state.step,
             {

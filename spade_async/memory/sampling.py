@@ -1,9 +1,14 @@
 """Designer-context and replay sampling, served from the LMDB indexes (no full scans).
 
-- ``spade`` (default): up to ``n_positive`` same-skill positives (no-hint win rate in
-  [positive_low, positive_high]) highest regret first -- a cursor on the regret-ordered
-  ``ctx`` index -- plus ``n_negative`` negatives, too easy or too hard, each named by its
-  class, picked uniformly by seeking a random id in that class's index.
+- ``spade`` (default): as the reference (``env_memory.py``), over the context window -- the
+  newest ``window`` valid records of any skill (the reference's FIFO of 200; memory itself
+  keeps everything): ``n_positive`` same-skill positives (no-hint win rate in
+  [positive_low, positive_high]) drawn at random from the ``max(3 n, 10)`` highest-regret
+  ones, plus ``n_negative`` negatives, too easy or too hard, each named by its class, drawn
+  at random. When the skill has no positive yet (a fresh run), up to ``n_positive``
+  not-yet-played environments (the bundled or imported ones) are shown as ``seed``
+  examples, same skill first, so they reach the prompt from the start. ``window=None``
+  reads the whole memory through the ``ctx`` index instead (regret order, no window).
 - ``recent``: the newest valid environments of the skill (``recent`` index, read backwards).
 - ``diverse``: greedy max-min MinHash-Jaccard distance over the ``diverse_pool``
   highest-regret positives (newest environments when there are too few positives).
@@ -23,7 +28,7 @@ import numpy as np
 from spade_async.errors import ConfigError
 from spade_async.memory import dedup
 from spade_async.memory import indexes as ix
-from spade_async.memory.records import EnvRecord, decode
+from spade_async.memory.records import EnvRecord, ctx_class, decode
 from spade_async.memory.store import MemoryStore
 
 Strategy = Literal["spade", "recent", "diverse"]
@@ -32,7 +37,7 @@ Strategy = Literal["spade", "recent", "diverse"]
 class Example(msgspec.Struct, frozen=True, kw_only=True):
     """One memory example for the designer prompt."""
 
-    role: Literal["positive", "too_easy", "too_hard", "recent", "diverse"]
+    role: Literal["positive", "too_easy", "too_hard", "recent", "diverse", "seed"]
     record: EnvRecord
 
 
@@ -87,11 +92,14 @@ def designer_context(
     strategy: Strategy = "spade",
     k: int | None = None,
     rng: np.random.Generator | None = None,
+    window: int | None = None,
 ) -> list[Example]:
-    """Memory examples for a designer prompt about ``skill``."""
+    """Memory examples for a designer prompt about ``skill`` (``window``: see above)."""
     cfg = store.config
     rng = rng or np.random.default_rng()
     with store.read() as txn:
+        if strategy == "spade" and window is not None:
+            return _spade_window(store, txn, skill, window, rng)
         if strategy == "spade":
             out = [
                 Example(role="positive", record=r)
@@ -125,6 +133,40 @@ def designer_context(
             picked = _max_min(store, txn, pool, n)
             return [Example(role="diverse", record=r) for r in _records(store, txn, picked)]
     raise ConfigError(f"context strategy '{strategy}' is unknown; use spade, recent or diverse")
+
+
+def _spade_window(
+    store: MemoryStore, txn, skill: str, window: int, rng: np.random.Generator
+) -> list[Example]:
+    cfg = store.config
+    bounds = {
+        "low": cfg.positive_low,
+        "high": cfg.positive_high,
+        "easy": cfg.too_easy_above,
+        "hard": cfg.too_hard_below,
+    }
+    recs = _records(store, txn, _recent(store, txn, None, window))  # newest first
+    classes = {r.id: ctx_class(r, **bounds) for r in recs}
+    mine = [r for r in recs if r.skill == skill]
+    pos = sorted(
+        (r for r in mine if classes[r.id] == "positive"), key=lambda r: -(r.stats.regret or 0.0)
+    )
+    pool = pos[: max(3 * cfg.n_positive, 10)]
+    out = [Example(role="positive", record=r) for r in _pick(pool, cfg.n_positive, rng)]
+    if not out:  # nothing played yet: the unplayed (bundled, imported) environments
+        fresh = [r for r in recs if r.stats.plays_nohint == 0]
+        seeds = [r for r in fresh if r.skill == skill] or fresh
+        out = [Example(role="seed", record=r) for r in _pick(seeds, cfg.n_positive, rng)]
+    bad = [r for r in mine if classes[r.id] in ("too_easy", "too_hard")]
+    out += [Example(role=classes[r.id], record=r) for r in _pick(bad, cfg.n_negative, rng)]
+    return out
+
+
+def _pick(items: list, n: int, rng: np.random.Generator) -> list:
+    """``n`` distinct items at random, kept in their given order."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i] for i in sorted(rng.choice(len(items), size=n, replace=False))]
 
 
 def _max_min(store: MemoryStore, txn, pool: list[bytes], n: int) -> list[bytes]:

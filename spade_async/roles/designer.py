@@ -3,7 +3,9 @@
 One designer *group* is a prompt (skill + grounding document + memory examples) sampled
 ``samples_per_prompt`` times. Each sample's code is extracted and run through every
 validation gate in the sandbox pool; optional repair turns feed the failing stage back, but
-only the first attempt is trained (a broken first attempt earns reward 0). Every generated
+only the first attempt is trained (a broken first attempt earns reward 0). A sample still
+broken after its repairs is retried with fresh samples of the same prompt (``retries``,
+counted, never trained) so each regeneration fills its environments as the reference does. Every generated
 file is saved under ``RUN_DIR/envs/`` with its verdict and recorded in memory.
 """
 
@@ -34,19 +36,37 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "games"
     )
     skills: Doc(tuple[str, ...], "target skills the designer is asked for") = SKILLS
-    skills_per_regen: Doc(int, "skills drawn for each regeneration") = 3
-    prompts_per_skill: Doc(int, "designer prompts (each with its own document) per skill") = 2
-    samples_per_prompt: Doc(int, "designer samples per prompt (the GRPO-style group)") = 4
+    skills_per_regen: Doc(
+        int, "skills per regeneration, taken round-robin from `skills` (reference rotation)"
+    ) = 3
+    prompts_per_skill: Doc(int, "designer prompts (each with its own document) per skill") = 8
+    samples_per_prompt: Doc(
+        int, "designer samples per prompt (1: one document per environment, as the reference)"
+    ) = 1
     temperature: Doc(float, "designer sampling temperature") = 0.6
     max_new_tokens: Doc(int, "designer reply length limit in tokens") = 4096
     repair_turns: Doc(int, "repair turns that feed a failing stage back (never trained)") = 0
-    difficulty: Doc(str, "difficulty asked of the designer") = "challenging but solvable"
+    difficulty: Doc(
+        str,
+        "easy | medium | hard: the share of the agent's max_turns a good player should need "
+        "(medium = 1/2 to 3/4, as the reference)",
+    ) = "medium"
     context: Doc(Literal["spade", "recent", "diverse"], "memory examples shown in the prompt") = (
         "spade"
     )
     use_corpus: Doc(bool, "ground prompts on corpus documents (ablation: no_corpus)") = True
     use_memory: Doc(bool, "show memory examples in prompts (ablation: no_memory)") = True
     code_head_lines: Doc(int, "lines of each memory example's code shown in the prompt") = 60
+    memory_window: Doc(
+        int,
+        "memory examples come from the newest N valid environments (the reference's FIFO of "
+        "200; memory keeps everything); 0 = the whole memory, highest regret first",
+    ) = 200
+    retries: Doc(
+        int,
+        "fresh samples (untrained, counted) after a broken first attempt and any repair, until "
+        "one is valid (reference: 5 attempts per environment)",
+    ) = 4
     validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
 
 
@@ -65,7 +85,8 @@ class DesignSample:
     source: str | None = None
     duplicate: bool = False
     repaired: bool = False
-    extra_tokens: int = 0  # repair-turn tokens (generated, not trained)
+    retries: int = 0  # fresh untrained samples taken after a broken first attempt
+    extra_tokens: int = 0  # repair-turn and retry tokens (generated, not trained)
     examples: list[str] = field(default_factory=list)
 
 
@@ -74,11 +95,18 @@ def _head(code: str, lines: int) -> str:
 
 
 def build_prompt(
-    cfg: DesignerConfig, *, skill: str, document: str | None, store, rng: np.random.Generator
+    cfg: DesignerConfig,
+    *,
+    skill: str,
+    document: str | None,
+    store,
+    rng: np.random.Generator,
+    max_turns: int = 25,
 ) -> tuple[str, list[str]]:
     positives, negative, shown = [], None, []
     if cfg.use_memory and store is not None:
-        for ex in designer_context(store, skill, strategy=cfg.context, rng=rng):
+        window = cfg.memory_window or None
+        for ex in designer_context(store, skill, strategy=cfg.context, rng=rng, window=window):
             rec = ex.record
             shown.append(rec.id)
             head = _head(rec.code, cfg.code_head_lines)
@@ -86,6 +114,8 @@ def build_prompt(
                 rate = rec.stats.win_rate_nohint or 0.0
                 why = f"{ex.role.replace('_', ' ')}: the agent won {rate:.0%} of plays"
                 negative = (head, why)
+            elif ex.role == "seed":
+                positives.append((head, None, None))
             else:
                 positives.append((head, rec.stats.win_rate_nohint or 0.0, rec.stats.regret))
     prompt = designer_prompt(
@@ -95,6 +125,7 @@ def build_prompt(
         positives=positives,
         negative=negative,
         difficulty=cfg.difficulty,
+        max_turns=max_turns,
     )
     return prompt, shown
 
@@ -159,8 +190,27 @@ async def design_group(
             source, verdict = await _check(fix.text, pool, cfg)
             sample.repaired = verdict.valid
             await _record(writer, run_dir, sample, source, verdict, cfg)
+        await _retry(client, pool, writer, run_dir, cfg, sample, prompt_ids)
         out.append(sample)
     return out
+
+
+async def _retry(client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids) -> None:
+    """Fresh samples of the same prompt until one is valid (at most ``cfg.retries``): the
+    valid one enters the pool; none is trained (the sample keeps its first attempt)."""
+    while sample.env_id is None and sample.retries < cfg.retries:
+        sample.retries += 1
+        try:
+            res = await client.generate(
+                list(prompt_ids),
+                SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                return_logprob=False,
+            )
+        except EngineRequestError:
+            return
+        sample.extra_tokens += len(res.output_ids)
+        source, verdict = await _check(res.text, pool, cfg)
+        await _record(writer, run_dir, sample, source, verdict, cfg)
 
 
 def _rejected(prompt_ids, skill, doc_id, version, reason: str) -> DesignSample:

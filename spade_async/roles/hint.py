@@ -19,7 +19,7 @@ from spade_async.generation.chat import render_prompt
 from spade_async.generation.client import GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.roles.agent import EnvRef
-from spade_async.roles.prompts import HINT_SYSTEM, hint_prompt, leaks_solution
+from spade_async.roles.prompts import hint_prompt, hint_system, leaks_solution
 
 
 class HintConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -27,7 +27,9 @@ class HintConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         bool, "generate hints (without them regret is 0 and only the plateau term counts)"
     ) = True
     temperature: Doc(float, "hint sampling temperature") = 0.3
-    max_new_tokens: Doc(int, "hint length limit in tokens") = 256
+    max_new_tokens: Doc(
+        int, "hint length limit in tokens (the reference recipes' --spare-hint-max-tokens)"
+    ) = 4096
     retries: Doc(int, "regenerations after a leaking hint before it is dropped") = 2
     max_code_chars: Doc(int, "environment source shown to the hint writer, in characters") = 12_000
 
@@ -63,7 +65,7 @@ async def write_hint(
     prompt = render_prompt(
         tokenizer,
         [
-            {"role": "system", "content": HINT_SYSTEM},
+            {"role": "system", "content": hint_system(env.setting)},
             {"role": "user", "content": hint_prompt(env.source[: cfg.max_code_chars])},
         ],
     )

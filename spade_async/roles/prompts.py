@@ -1,8 +1,15 @@
 """Prompt text for the designer and the hint writer. Plain functions over plain data.
 
-The designer prompt follows SPADE.md step 1: a target skill, one grounding document, the
-environment contract for the setting, and memory examples (same-skill positives to move away
-from, one named negative). One-shot question/answer environments are forbidden.
+The designer prompt follows SPADE.md step 1 and states the whole contract of the reference's
+prompts (``spare/core/prompts``) in our own words: a target skill and what it means, one
+grounding document, the interface for the setting, the design rules (state that changes,
+real decisions, a win condition, random play loses), the robustness rules, how to check the
+file before replying, and how the difficulty maps to the number of steps a good player
+needs. Memory examples follow (same-skill positives to move away from, one named negative).
+One-shot question/answer environments are forbidden.
+
+Hint prompts are per setting (games: the approach and the answer format; tool use: the
+phases in terms of tool roles, value-free), with the reference's rule: never the answer.
 """
 
 from __future__ import annotations
@@ -18,6 +25,48 @@ SKILLS = (
     "Optimization",
     "Causal_Inference",
 )
+
+SKILL_MEANINGS = {
+    "Mathematical_Reasoning": "computing, estimating and reasoning with quantities, equations "
+    "and number patterns over several steps",
+    "Logical_Deduction": "drawing sure conclusions from clues and constraints, ruling options "
+    "out until one remains",
+    "Spatial_Reasoning": "positions, directions, shapes and paths on a grid or map, and how "
+    "moves change them",
+    "Pattern_Recognition": "finding the hidden rule behind sequences, codes or feedback and "
+    "using it to predict",
+    "Optimization": "choosing among trade-offs under a budget or limit to reach the best score",
+    "Causal_Inference": "testing interventions and reading their effects to find what causes what",
+}
+
+# fraction of max_turns a good player needs (the reference asks for 1/2 to 3/4 at 'medium')
+DIFFICULTY_STEPS = {"easy": (0.25, 0.5), "medium": (0.5, 0.75), "hard": (0.75, 0.9)}
+
+DESIGN_RULES = """\
+## Design rules
+- The world has state (positions, inventory, clues found, budget, ...) that every action
+  changes; each observation shows the state, the result of the last action, the actions
+  available and the progress (turn t of max_turns).
+- Every turn offers at least two meaningfully different actions, and some are better than
+  others: a wrong choice wastes turns or loses the game. Random play should lose.
+- A clear win condition (reward 1.0, terminated) and ideally a way to lose (terminated with
+  reward 0.0); after max_turns without a win, truncated with reward 0.0.
+- Not a puzzle with retries, not a counter to step up to a target, not a one-action-per-turn
+  walk: those teach nothing over several turns.
+
+## Robustness rules (an environment that crashes or hangs is thrown away and costs you)
+- step() never raises: unknown or malformed input gets a short reminder of the valid
+  actions and the game goes on; every path returns the 5-tuple of the right types.
+- Set every attribute in __init__; the info dicts are dicts; never divide by something
+  that can be zero; no input(), no files, no network, no threads, standard library only.
+- Hidden values come from random.Random(seed) in reset(), and the answer is computed from
+  them -- never hard-coded. Do not store data under the name `solution` (it is a method).
+- In f-strings, double literal braces ({{ }}) and keep backslashes out of the expressions.
+
+## Check your file before you reply
+Trace reset(seed) for two seeds by hand, then replay your own solution() from that state:
+it must reach reward 1.0 with terminated True well before max_turns, and a wrong or
+malformed action must not end the game or raise."""
 
 GAMES_CONTRACT = """\
 Write ONE Python file, standard library only, containing exactly one class whose name ends in `Env`:
@@ -47,20 +96,33 @@ Write ONE Python file, standard library only, containing exactly one class
 The answer must need information that only the tools reveal, over several calls."""
 
 
+def difficulty_steps(difficulty: str, max_turns: int) -> tuple[int, int]:
+    """The number of steps a good player should need, from the difficulty's share of
+    ``max_turns`` (unknown names read as 'medium', the reference's setting)."""
+    lo, hi = DIFFICULTY_STEPS.get(difficulty, DIFFICULTY_STEPS["medium"])
+    return max(2, int(max_turns * lo)), max(3, int(max_turns * hi))
+
+
 def designer_prompt(
     *,
     skill: str,
     setting: str,
     document: str | None,
-    positives: Sequence[tuple[str, float, float]] = (),
+    positives: Sequence[tuple[str, float | None, float | None]] = (),
     negative: tuple[str, str] | None = None,
-    difficulty: str = "challenging but solvable",
+    difficulty: str = "medium",
+    max_turns: int = 25,
 ) -> str:
-    """``positives``: (code head, win rate, regret); ``negative``: (code head, why it failed)."""
+    """``positives``: (code head, win rate, regret) -- None for a not-yet-played seed
+    example; ``negative``: (code head, why it failed)."""
+    meaning = SKILL_MEANINGS.get(skill)
+    lo, hi = difficulty_steps(difficulty, max_turns)
     parts = [
         f"You are an environment designer. Design a new multi-turn {setting.replace('_', ' ')} "
-        f"training environment that exercises the skill **{skill}** and is {difficulty} for a "
-        "capable reasoning agent.",
+        f"training environment that exercises the skill **{skill}**"
+        + (f" ({meaning})" if meaning else "")
+        + f". Difficulty: {difficulty}. The agent gets at most {max_turns} turns; a good player "
+        f"should need about {lo}-{hi} of them, and a careless one should fail.",
     ]
     if document:
         parts.append(
@@ -68,9 +130,10 @@ def designer_prompt(
             f"procedures as the environment's theme and data.\n\n<document>\n{document}\n</document>"
         )
     parts.append("## Contract\n" + (TOOL_USE_CONTRACT if setting == "tool_use" else GAMES_CONTRACT))
+    parts.append(DESIGN_RULES)
     if positives:
         shown = "\n\n".join(
-            f"# Example {i + 1} (agent win rate {w:.2f}, regret {r:.2f})\n{code}"
+            f"# Example {i + 1} ({_stats(w, r)})\n{code}"
             for i, (code, w, r) in enumerate(positives)
         )
         parts.append(
@@ -84,6 +147,12 @@ def designer_prompt(
     return "\n\n".join(parts)
 
 
+def _stats(win: float | None, regret: float | None) -> str:
+    if win is None:
+        return "not played yet"
+    return f"agent win rate {win:.2f}, regret {regret or 0.0:.2f}"
+
+
 def repair_prompt(stage: str, reason: str) -> str:
     return (
         f"Your environment failed validation at stage '{stage}': {reason}\n"
@@ -92,18 +161,36 @@ def repair_prompt(stage: str, reason: str) -> str:
 
 
 HINT_SYSTEM = (
-    "You write short strategic hints for a player of a text environment. You see the "
-    "environment's source code. Explain the rules, the command format and a good strategy. "
-    "NEVER reveal the answer, the hidden values, or the exact sequence of winning actions: "
-    "a hint that leaks the solution is useless and will be discarded."
+    "You read the source code of a text game and write a hint for an LLM player, which sees "
+    "only the observations and answers with \\boxed{command}; your hint is appended to its "
+    "first observation. Work out what the player faces, how a good player wins (trace reset() "
+    "and the checks in step()) and the command format. Write 1-3 sentences (under 100 words): "
+    "the key insight or strategy for THIS game and the exact command format, in terms of what "
+    "the player can see, never code internals. Never reveal the answer, the hidden values or "
+    "the winning sequence of moves: a hint that can be copied trains the designer to make "
+    "games that need the leak. Output only the hint text."
+)
+
+TOOL_USE_HINT_SYSTEM = (
+    "You read the source code of a multi-turn tool-use environment and write a strategy hint "
+    "for an LLM agent, which calls tools as <tool_call>{json}</tool_call>, reads each result, "
+    "and submits <answer>...</answer> only when every instruction is done; your hint is "
+    "appended to its first observation. Describe the phases in terms of tool ROLES (look "
+    "up, then update, then ...), which output feeds which call, which tools are distractors, "
+    "and remind it to discover the arguments with the tools, to ask when an argument is "
+    "missing and to decline what the tools cannot do. 2-3 sentences (under 100 words), "
+    "value-free: no concrete ids, names, paths, amounts or dates from the code -- use "
+    "placeholders like <order_id> -- and no filled-in call sequence. Output only the hint text."
 )
 
 
+def hint_system(setting: str) -> str:
+    """The hint writer's system prompt for the setting (as the reference: one per setting)."""
+    return TOOL_USE_HINT_SYSTEM if setting == "tool_use" else HINT_SYSTEM
+
+
 def hint_prompt(code: str) -> str:
-    return (
-        "Here is the environment's source code:\n\n```python\n"
-        f"{code}\n```\n\nWrite a hint of at most 5 sentences."
-    )
+    return f"Environment code:\n```python\n{code}\n```"
 
 
 def leaks_solution(

@@ -100,3 +100,33 @@ def test_replay_marks_reset_staleness(store):
     last = {row.tobytes().decode(): int(v) for row, v in zip(buf.ids, buf.last, strict=True)}
     assert all(last[i] == 50 for i in ids) and len(last) == 35
     assert store.check_consistency() == []
+
+
+def test_spade_window_positives_random_from_top_and_window_ages_out(store):
+    # window = all 35: SKILL positives are i % 3 == 0 (i = 0..27, regret i/100): the pool is
+    # the max(3 * 2, 10) = 10 highest-regret ones (27, 24, ..., 0) and 2 are drawn at random
+    pool = {store.recs[i].id for i in range(0, 30, 3)}
+    picks = collections.Counter()
+    for k in range(40):
+        ex = sampling.designer_context(store, SKILL, rng=np.random.default_rng(k), window=35)
+        pos = [e.record.id for e in ex if e.role == "positive"]
+        assert len(pos) == 2 and set(pos) <= pool
+        assert [e.role for e in ex][2] in ("too_easy", "too_hard")
+        picks.update(pos)
+    assert len(picks) > 4  # not always the same two
+    # a window of the 5 newest records (the "Other" skill) holds no SKILL environment
+    assert sampling.designer_context(store, SKILL, rng=np.random.default_rng(0), window=5) == []
+
+
+def test_spade_window_shows_unplayed_environments_from_the_start(tmp_path):
+    s = MemoryStore(tmp_path / "m")
+    try:
+        recs = [record(i, skill=SKILL) for i in range(3)] + [record(9, skill="Other")]
+        s.apply([PutOp(record=r) for r in recs])
+        ex = sampling.designer_context(s, SKILL, rng=np.random.default_rng(0), window=200)
+        assert [e.role for e in ex] == ["seed", "seed"]
+        assert {e.record.skill for e in ex} == {SKILL}  # same skill first
+        ex = sampling.designer_context(s, "Nope", rng=np.random.default_rng(0), window=200)
+        assert len(ex) == 2 and all(e.role == "seed" for e in ex)  # any skill otherwise
+    finally:
+        s.close()

@@ -19,5 +19,36 @@ def test_leak_check():
     assert leaks_solution("Go left, then up, then open 3.", sol)
     assert not leaks_solution("Explore: try moving and opening things; use \\boxed{cmd}.", sol)
     assert not leaks_solution("Open doors after moving up.", sol)  # order and coverage incomplete
-    assert leaks_solution("The answer is Paris.", ["<answer>Paris</answer>"], expected_answer="Paris")
-    assert not leaks_solution("Call the lookup tool first.", ["<answer>Paris</answer>"], expected_answer="Paris")
+    assert leaks_solution(
+        "The answer is Paris.", ["<answer>Paris</answer>"], expected_answer="Paris"
+    )
+    assert not leaks_solution(
+        "Call the lookup tool first.", ["<answer>Paris</answer>"], expected_answer="Paris"
+    )
+
+
+def test_designer_prompt_states_the_full_contract():
+    from spade_async.roles.prompts import difficulty_steps
+
+    p = designer_prompt(skill="Causal_Inference", setting="games", document=None, max_turns=20)
+    assert "interventions" in p  # what the skill means
+    assert "about 10-15 of them" in p  # medium: 1/2 to 3/4 of max_turns, as the reference
+    assert "never raises" in p and "standard library only" in p  # robustness rules
+    assert "Check your file before you reply" in p and "solution()" in p  # self-verification
+    assert difficulty_steps("easy", 20) == (5, 10) and difficulty_steps("hard", 20) == (15, 18)
+    assert difficulty_steps("unknown", 20) == (10, 15)
+    seeded = designer_prompt(
+        skill="x", setting="games", document=None, positives=[("class S: ...", None, None)]
+    )
+    assert "not played yet" in seeded and "class S" in seeded
+
+
+def test_hint_prompts_per_setting_forbid_the_answer():
+    from spade_async.roles.hint import HintConfig
+    from spade_async.roles.prompts import hint_system
+
+    games, tools = hint_system("games"), hint_system("tool_use")
+    assert games != tools
+    assert "\\boxed{command}" in games and "Never reveal the answer" in games
+    assert "<tool_call>" in tools and "placeholders" in tools and "value-free" in tools
+    assert HintConfig().max_new_tokens == 4096  # the reference recipes' hint budget
