@@ -115,3 +115,14 @@ def drop_stale(
         if 0 <= version - s.policy_version <= limit:
             kept.append(s)
     return kept, len(samples) - len(kept)
+
+
+def trim_batch(samples: Sequence[Sample], limit: int) -> tuple[list[Sample], int]:
+    """The reference's per-step trim to its global batch (192): designer samples first, so
+    the trim sheds surplus agent samples and never the designer's; ``limit`` 0 keeps all."""
+    ordered = [s for s in samples if s.role == "designer"] + [
+        s for s in samples if s.role != "designer"
+    ]
+    if limit <= 0 or len(ordered) <= limit:
+        return ordered, 0
+    return ordered[:limit], len(ordered) - limit

@@ -389,7 +389,7 @@ async def learn(
     """Everything after play, for both schedules: score -> agent (and, at the end of a
     regeneration window, designer) samples -> staleness filter -> train + push -> log ->
     checkpoint."""
-    from spade_async.batcher import agent_samples, drop_stale
+    from spade_async.batcher import agent_samples, drop_stale, trim_batch
 
     cfg, st = rt.cfg, rt.state
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
@@ -406,6 +406,8 @@ async def learn(
         designer_slack=cfg.regen_interval,
     )
     rt.meters.count("staleness/dropped", stale)
+    samples, trimmed = trim_batch(samples, cfg.batch_samples)
+    rt.meters.count("batch/trimmed", trimmed)
     trained_at = st.version
     train_metrics = await train_and_push(rt, samples, pause=pause)
     st.step += 1

@@ -89,6 +89,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         "examples"
     )
     max_staleness: Doc(int, "agent samples more than this many versions old are dropped") = 1
+    batch_samples: Doc(
+        int,
+        "trim each step's batch to this many samples, designer samples first (the reference's "
+        "global batch, 192); 0 keeps all",
+    ) = 0
     checkpoint_every: Doc(int, "save a checkpoint every N steps (and at the end)") = 10
     trainer_restarts: Doc(
         int,

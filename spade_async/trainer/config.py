@@ -40,7 +40,14 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tis_cap: Doc(float, "cap of the truncated importance weight exp(old - rollout); 0 disables") = (
         2.0
     )
-    kl_coef: Doc(float, "k3 KL penalty to the rollout (reference) log-probs; 0 disables") = 0.0
+    kl_coef: Doc(
+        float, "k3 (low_var_kl) penalty towards the kl_reference policy's log-probs; 0 disables"
+    ) = 0.0
+    kl_reference: Doc(
+        Literal["initial", "rollout"],
+        "KL target: a frozen copy of the initial policy on the trainer ranks, sharded like the "
+        "policy (the reference's --ref-load), or the engines' rollout log-probs (no extra memory)",
+    ) = "initial"
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
     activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
     mixed_precision: Doc(bool, "bf16 params/compute with fp32 reduce (only on GPU)") = True

@@ -15,6 +15,7 @@ import math
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 from spade_kernels import policy_loss
@@ -60,6 +61,14 @@ class Trainer:
         self.device = device or torch.device("cpu")
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
+        # KL reference: the initial policy, frozen, sharded like the policy (one more fp32 copy
+        # of the weights, 4 B/param / R); model_dir is the base model even on a resume
+        self.ref_model: PolicyModel | None = None
+        if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
+            ref_cfg = msgspec.structs.replace(cfg, activation_checkpointing=False)
+            self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
+            self.ref_model.requires_grad_(False)
+            self.ref_model.eval()
         self.vocab_size = int(self.model.causal_lm.config.vocab_size)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -89,6 +98,18 @@ class Trainer:
         )
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
+        ref_T = mb.rollout_logprob_T if cfg.kl_coef > 0 else None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_T = self.ref_model(
+                    mb.input_ids,
+                    mb.position_ids,
+                    mb.target_T,
+                    mb.attention_mask,
+                    index_K=mb.loss_index_K,
+                    cu_seqlens=mb.cu_seqlens,
+                    max_seqlen=mb.max_seqlen,
+                )
         # The denominator is the whole batch's (global) count, divided by R because FSDP
         # averages gradients over ranks and the batch loss is their sum.
         loss, metrics = policy_loss(
@@ -101,7 +122,7 @@ class Trainer:
             agg=cfg.loss_agg,
             rollout_logprob_T=mb.rollout_logprob_T if cfg.tis_cap > 0 else None,
             tis_cap=cfg.tis_cap if cfg.tis_cap > 0 else 1.0,
-            ref_logprob_T=mb.rollout_logprob_T if cfg.kl_coef > 0 else None,
+            ref_logprob_T=ref_T,
             kl_coef=cfg.kl_coef,
             entropy_T=entropy_T,
             entropy_coef=cfg.entropy_coef,

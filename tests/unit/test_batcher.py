@@ -99,3 +99,29 @@ def test_drop_stale_drops_samples_from_a_lost_newer_policy():
     assert sorted(s.policy_version for s in samples) == [2, 3, 5]
     kept, dropped = drop_stale(samples, version=3, max_staleness=2)
     assert dropped == 1 and sorted(s.policy_version for s in kept) == [2, 3]
+
+
+def test_trim_batch_keeps_designer_samples_first():
+    from spade_async.batcher import trim_batch
+    from spade_async.trainer.batch import Sample
+
+    def s(role, i):
+        return Sample(
+            token_ids=[i, i],
+            loss_mask=[0, 1],
+            advantage=1.0,
+            rollout_logprobs=[0.0, -0.1],
+            role=role,
+            policy_version=0,
+        )
+
+    batch = [s("agent", i) for i in range(5)] + [s("designer", 9), s("designer", 8)]
+    kept, dropped = trim_batch(batch, 4)
+    assert dropped == 3
+    assert [(x.role, x.token_ids[0]) for x in kept] == [
+        ("designer", 9),
+        ("designer", 8),
+        ("agent", 0),
+        ("agent", 1),
+    ]
+    assert trim_batch(batch, 0) == (batch[5:] + batch[:5], 0)  # 0 keeps all

@@ -68,8 +68,14 @@ def test_gpu_recipe_reference_hyper_parameters(name):
     tr = cfg.trainer
     assert (tr.lr, tr.clip_low, tr.clip_high, tr.temperature) == (1e-6, 0.2, 0.28, 0.6)
     assert (cfg.max_steps, cfg.schedule, cfg.agent.max_turns) == (400, "async", 25)
-    assert (cfg.agent.temperature, cfg.agent.plays_nohint) == (0.6, 16)
+    assert cfg.agent.temperature == 0.6
+    # the reference's optimiser and loss (slime defaults + its recipes' flags)
+    assert (tr.loss_agg, tr.weight_decay, tr.betas) == ("seq-mean-token-mean", 0.1, (0.9, 0.98))
+    assert (tr.kl_coef, tr.kl_reference) == (
+        (0.005, "initial") if "8b" in name else (0.0, "initial")
+    )
     if cfg.mode == "fixed_pool":
+        assert cfg.agent.plays_nohint == 16
         assert not cfg.designer_enabled and cfg.agent.plays_hint == 0 and cfg.replay_envs == 24
         return
     d = cfg.designer
@@ -77,6 +83,9 @@ def test_gpu_recipe_reference_hyper_parameters(name):
     assert d.skills_per_regen * d.prompts_per_skill * d.samples_per_prompt == 24
     assert (d.temperature, d.max_new_tokens, cfg.regen_interval) == (0.6, 16384, 4)
     assert (cfg.agent.plays_hint, cfg.hint.temperature, cfg.mode) == (16, 0.3, "spade")
+    # global batch 192 over 24 environments: 8 no-hint plays each, designer samples first
+    assert (cfg.agent.plays_nohint, cfg.batch_samples, d.samples_per_prompt) == (8, 192, 1)
+    assert (cfg.hint.max_new_tokens, d.retries, d.difficulty) == (4096, 4, "medium")
 
 
 def test_30b_colocated_alternative_from_its_comment():
