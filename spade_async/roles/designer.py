@@ -113,7 +113,7 @@ def build_prompt(
             if ex.role in ("too_easy", "too_hard"):
                 rate = rec.stats.win_rate_nohint or 0.0
                 why = f"{ex.role.replace('_', ' ')}: the agent won {rate:.0%} of plays"
-                negative = (head, why)
+                negative = (f"class {rec.env_class or '(unnamed)'}", why)  # by class, as the ref
             elif ex.role == "seed":
                 positives.append((head, None, None))
             else:

@@ -34,6 +34,7 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
         "designer.skills_per_regen=1",
         "designer.prompts_per_skill=1",
         "designer.samples_per_prompt=2",
+        "designer.retries=1",
         "designer.max_new_tokens=24",
         "hint.max_new_tokens=8",
         "hint.retries=0",
