@@ -24,8 +24,10 @@ import torch.multiprocessing as mp
 
 
 def ipc_serialize(chunk: list[tuple[str, torch.Tensor]]) -> str:
-    """Pickled handles (CUDA IPC / shared memory), never the data: plain tensors only."""
-    plain = [(n, t if type(t) is torch.Tensor else t.as_subclass(torch.Tensor)) for n, t in chunk]
+    """Pickled handles (CUDA IPC / shared memory), never the data (``payload_bytes`` shows it)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    plain = [(n, t.wait() if isinstance(t, AsyncCollectiveTensor) else t) for n, t in chunk]
     buf = io.BytesIO()
     ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(plain)
     return base64.b64encode(buf.getvalue()).decode()
