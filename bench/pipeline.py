@@ -10,9 +10,12 @@ step, then sync and async phases in turn (twice each; once with --quick), so the
 drift hits both schedules alike. Checkpoints are skipped in both. Each async phase starts
 with an empty pipeline and its look-ahead is cut off at the end, which counts against it.
 
-    python bench/pipeline.py [--quick] [--save]
+    python bench/pipeline.py [--quick] [--save] [--workload two_stage|three_stage]
 
-Targets (issue 7): async >= 1.6x faster than sync; async within 1.25x of the ideal bound.
+Targets (issue 7): async >= 1.6x faster than sync, counted as the overlap's own gain (the
+stages at the same speed in both schedules, see main()); async within 1.25x of the ideal
+bound. ``three_stage`` makes every env step sleep first (env execution as a third busy
+stage) and reports its speed-up beside its bound (sync wall / the busiest stage).
 """
 
 from __future__ import annotations
@@ -112,14 +115,28 @@ class ManyWordsEnv:
 }
 
 
-def workload(tmp: Path, quick: bool) -> tuple[Path, Path]:
+STEP_HEAD = "    def step(self, action):\n"
+# three_stage: every env step first sleeps this long (s), a latency-bound environment (a tool
+# call, a remote check): env execution becomes a third busy stage without taking a core
+# from the engine or the trainer on this 2-core machine. 4 workers, 64 steps per sync step.
+STEP_SLEEP_S = {"full": 1.0, "quick": 0.25}
+
+
+def slow_env(code: str, sleep_s: float) -> str:
+    """The same environment with ``sleep_s`` of latency at the start of every step."""
+    if code.count(STEP_HEAD) != 1:
+        raise ValueError("an environment without exactly one 'def step(self, action):'")
+    return code.replace(STEP_HEAD, f"{STEP_HEAD}        __import__('time').sleep({sleep_s})\n")
+
+
+def workload(tmp: Path, quick: bool, sleep_s: float = 0.0) -> tuple[Path, Path]:
     from spade_async.models import tiny_model_dir
 
     model = tiny_model_dir(tmp / "model", hidden_size=256, num_layers=4)
     pool = tmp / "pool"
     pool.mkdir()
     for name, code in ENVS.items():
-        (pool / f"{name}.py").write_text(code)
+        (pool / f"{name}.py").write_text(slow_env(code, sleep_s) if sleep_s else code)
     return model, pool
 
 
@@ -250,28 +267,53 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="2 short steps per schedule (~1 min)")
-    ap.add_argument("--save", action="store_true", help="write bench/results/pipeline.json")
+    ap.add_argument("--save", action="store_true", help="write bench/results/<workload>.json")
+    ap.add_argument(
+        "--workload",
+        choices=("two_stage", "three_stage"),
+        default="two_stage",
+        help="three_stage: every env step sleeps (1 s; 0.25 s with --quick) first",
+    )
+    ap.add_argument(
+        "--resummarise",
+        action="store_true",
+        help="recompute the report from the saved run's sync/async measurements (no run)",
+    )
     args = ap.parse_args()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
+    three = args.workload == "three_stage"
+    sleep_s = STEP_SLEEP_S["quick" if args.quick else "full"] if three else 0.0
+    saved = ROOT / "bench" / "results" / ("pipeline_three_stage.json" if three else "pipeline.json")
     t0 = time.perf_counter()
-    try:
-        model, pool = workload(tmp, args.quick)
-        phases, records = measure(tmp, model, pool, args.quick)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sync, asyn = summarise(phases, records, "sync"), summarise(phases, records, "async")
+    if args.resummarise:
+        old = json.loads(saved.read_text())
+        sync, asyn, hw = old["sync"], old["async"], old["hardware"]
+        args.quick, total_s = old["quick"], old["total_s"]
+    else:
+        hw = {
+            **machine(),
+            "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
+        }
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
+        try:
+            model, pool = workload(tmp, args.quick, sleep_s)
+            phases, records = measure(tmp, model, pool, args.quick)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        sync, asyn = summarise(phases, records, "sync"), summarise(phases, records, "async")
+        total_s = round(time.perf_counter() - t0, 1)
     # The ideal bound: the busiest stage, each stage at its least busy time in either schedule
     # (uncontended work), so no overlap can beat it.
-    stage_min = {
-        k: min(sync["busy_s"].get(k, 0.0), asyn["busy_s"].get(k, 0.0))
-        for k in ("engine", "trainer")
-    }
+    stages = ("engine", "trainer", "env_pool") if three else ("engine", "trainer")
+    stage_min = {k: min(sync["busy_s"].get(k, 0.0), asyn["busy_s"].get(k, 0.0)) for k in stages}
     ideal = max(stage_min.values())
     speedup = sync["wall_s"] / asyn["wall_s"]
-    # This VM runs single-process work slower while the other core idles (seen in sync
-    # phases), which flatters async; the same-speed figure charges sync the async phases'
-    # stage times plus its own serial remainder: the overlap's gain alone.
+    # The headline. The raw wall ratio can exceed what overlapping two stages allows
+    # ((engine + trainer) / max <= 2x) because this VM runs a lone busy process slower while
+    # the other core idles, so sync phases' stages themselves ran slower; the same-speed
+    # figure charges sync the async phases' stage times plus its own serial remainder: the
+    # overlap's gain alone. (two_stage only: with slow env steps, env latency overlaps
+    # generation inside sync too, so there is no serial sum to re-price.)
     serial_rest = (
         sync["wall_s"] - sync["busy_s"].get("engine", 0.0) - sync["busy_s"].get("trainer", 0.0)
     )
@@ -282,12 +324,16 @@ def main() -> None:
     out = {
         "bench": "pipeline",
         "quick": args.quick,
-        "hardware": {
-            **machine(),
-            "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
+        "hardware": hw,
+        "workload": {
+            **(QUICK if args.quick else FULL),
+            "name": args.workload,
+            "env_step_sleep_s": sleep_s,
+            "envs": len(ENVS),
+            "turns": 2,
         },
-        "workload": {**(QUICK if args.quick else FULL), "envs": len(ENVS), "turns": 2},
-        "total_s": round(time.perf_counter() - t0, 1),
+        "total_s": total_s,
+        **({"resummarised_from_saved_run": True} if args.resummarise else {}),
         "sync": sync,
         "async": asyn,
         # the premise: both schedules trained the same number of samples
@@ -295,13 +341,21 @@ def main() -> None:
         "ideal_bound_s": round(ideal, 2),
         # overlap can at best hide the smaller stage: sync wall / ideal
         "speedup_bound": round(sync["wall_s"] / ideal, 2) if ideal else None,
-        "speedup_at_same_stage_speed": round(same_speed, 2),
+        "speedup_wall": round(speedup, 2),
+        "speedup_at_same_stage_speed": None if three else round(same_speed, 2),
         "targets": {
-            "async_speedup_vs_sync": {
-                "target": ">= 1.6",
-                "measured": round(speedup, 2),
-                "met": speedup >= 1.6,
-            },
+            **(
+                {}
+                if three
+                else {
+                    "async_speedup_vs_sync": {
+                        "target": ">= 1.6 (overlap's own gain: stages at the same speed in both)",
+                        "measured": round(same_speed, 2),
+                        "wall_ratio": round(speedup, 2),
+                        "met": same_speed >= 1.6,
+                    }
+                }
+            ),
             "async_wall_over_ideal": {
                 "target": "<= 1.25",
                 "measured": round(of_ideal, 2),
@@ -316,8 +370,8 @@ def main() -> None:
     }
     line = json.dumps(out)
     if args.save:
-        (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-        (ROOT / "bench" / "results" / "pipeline.json").write_text(json.dumps(out, indent=2) + "\n")
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(out, indent=2) + "\n")
     print(line)
 
 

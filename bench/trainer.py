@@ -14,9 +14,10 @@ tokens. Both padded layouts do what a padded trainer must do to bound memory wit
 token budget: arrival order, k = budget // longest samples per micro-batch; then
 ``padded_max`` pads every row to the batch's longest (one static shape: verl without
 remove_padding) and ``padded`` pads each micro-batch to its own longest (dynamic padding:
-OpenRLHF/TRL collators). The target compares packed with padded_max, the conventional
-padded trainer; the ratio against dynamic padding, the strongest padded baseline, is
-reported beside it. MFU is reported on GPU only.
+OpenRLHF/TRL collators); ``padded_sorted`` sorts by length and fills each micro-batch with as
+many samples as keep count x longest within the budget (length-grouped bucketing, the
+strongest padded trainer). The target compares packed with the fastest padded layout of
+the run; the ratio against each layout is reported beside it. MFU is reported on GPU only.
 The last line printed is one JSON object.
 """
 
@@ -99,8 +100,10 @@ def run(model: Path, ranks: int, batch: Batch, steps: int, budget: int) -> dict[
 
 
 def padding_fraction(lens: list[int], ranks: int, budget: int, layout: str) -> float:
-    plan = plan_microbatches(lens, ranks, budget, packed=layout == "packed")
-    width = {"packed": None, "padded": None, "padded_max": max(lens)}[layout]
+    plan = plan_microbatches(
+        lens, ranks, budget, packed=layout == "packed", sorted_buckets=layout == "padded_sorted"
+    )
+    width = max(lens) if layout == "padded_max" else None
     computed = 0
     for rank in plan:
         for mb in rank:
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     n, steps, budget = (8, 1, 1024) if args.quick else (48, 2, 4096)
     batch = long_tail_batch(n, vocab, seed=0)
     lengths = sorted(len(s.token_ids) for s in batch.samples)
-    results, ratios, dynamic = {}, {}, {}
+    results, ratios, vs = {}, {}, {}
     lens = [len(x.token_ids) for x in batch.samples]
     for ranks in [int(r) for r in args.ranks.split(",")]:
         timed = run(model, ranks, batch, steps, budget)
@@ -149,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             r["padding_fraction"] = padding_fraction(lens, ranks, budget, layout)
         results[f"ranks_{ranks}"] = timed
         packed = timed["packed"]["tokens_per_s"]
-        ratios[ranks] = packed / timed["padded_max"]["tokens_per_s"]
-        dynamic[ranks] = packed / timed["padded"]["tokens_per_s"]
+        strongest = max((x for x in timed if x != "packed"), key=lambda x: timed[x]["tokens_per_s"])
+        ratios[ranks] = (packed / timed[strongest]["tokens_per_s"], strongest)
+        vs[ranks] = {x: round(packed / timed[x]["tokens_per_s"], 2) for x in timed if x != "packed"}
         print(f"ranks={ranks} {json.dumps(timed)}", file=sys.stderr)
     if torch.cuda.is_available():
         params = sum(
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks = int(key.split("_")[1])
             flops = 6 * params * r["packed"]["tokens_per_s"]
             r["packed"]["mfu"] = round(flops / (peak * ranks), 4) if peak else None
-    worst = min(ratios.values())
+    worst = min(r for r, _ in ratios.values())
     out = {
         "bench": "trainer",
         "hardware": hardware(),
@@ -187,14 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
         "targets": {
-            f"packed_vs_padded_tokens_per_s_ranks_{k}": {
-                "target": ">= 1.5x (against padded_max)",
+            f"packed_vs_strongest_padded_tokens_per_s_ranks_{k}": {
+                "target": ">= 1.5x (against the fastest padded layout of this run)",
                 "measured": round(v, 2),
+                "strongest": name,
                 "met": v >= 1.5,
             }
-            for k, v in ratios.items()
+            for k, (v, name) in ratios.items()
         },
-        "packed_vs_dynamic_padding": {f"ranks_{k}": round(v, 2) for k, v in dynamic.items()},
+        "packed_vs_each_padded_layout": {f"ranks_{k}": v for k, v in vs.items()},
         "all_targets_met": worst >= 1.5,
     }
     if args.save:

@@ -28,7 +28,7 @@ __all__ = ["LAYOUTS", "MicroBatch", "plan_microbatches", "build_microbatch", "lo
 # padding, as OpenRLHF/TRL collate); padded_max: every row padded to the batch's longest
 # (one static shape, as verl without remove_padding). Only "packed" and "padded" are config
 # choices; "padded_max" exists as the benchmark's conventional baseline.
-LAYOUTS = ("packed", "padded", "padded_max")
+LAYOUTS = ("packed", "padded", "padded_max", "padded_sorted")
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,32 @@ def _padded_bins(indices: list[int], lengths: list[int], budget: int) -> list[li
     return [indices[j : j + k] for j in range(0, len(indices), k)]
 
 
+def _sorted_bins(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Length-sorted bucketing: shortest first, each micro-batch as many samples as keep
+    count x its longest <= budget (>= 1), each padded to its own longest."""
+    bins: list[list[int]] = []
+    for i in sorted(indices, key=lambda j: lengths[j]):
+        if bins and (len(bins[-1]) + 1) * lengths[i] <= budget:
+            bins[-1].append(i)  # ascending: i is the new longest of this bin
+        else:
+            bins.append([i])
+    return bins
+
+
 def plan_microbatches(
-    lengths: list[int], world_size: int, budget: int, *, packed: bool = True
+    lengths: list[int],
+    world_size: int,
+    budget: int,
+    *,
+    packed: bool = True,
+    sorted_buckets: bool = False,
 ) -> list[list[list[int]]]:
     """plan[rank] = micro-batches (lists of sample indices); every rank gets the same count.
 
     Samples go to ranks longest first onto the least-loaded rank (balanced tokens); each
     rank then packs first-fit decreasing under the token budget (packed) or takes them in
-    order, a fixed count per micro-batch, each padded to its longest (padded). A rank short of micro-batches splits its largest
+    order, a fixed count per micro-batch, each padded to its longest (padded), or in length
+    order as many as fit the budget padded (``sorted_buckets``). A rank short of micro-batches splits its largest
     one, or gets an empty one (it still runs forward/backward so FSDP collectives match).
     """
     load = [0] * world_size
@@ -109,7 +127,8 @@ def plan_microbatches(
     if packed:
         plan = [_ffd(o, lengths, budget) for o in owned]
     else:
-        plan = [_padded_bins(sorted(o), lengths, budget) for o in owned]
+        bins = _sorted_bins if sorted_buckets else lambda o, n, b: _padded_bins(sorted(o), n, b)
+        plan = [bins(o, lengths, budget) for o in owned]
     n = max(len(p) for p in plan)
     for p in plan:
         while len(p) < n:

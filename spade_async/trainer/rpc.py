@@ -52,7 +52,7 @@ class Ping(msgspec.Struct, tag=True, frozen=True):
 class TrainStep(msgspec.Struct, tag=True, frozen=True):
     batch: Batch
     # override cfg.packing for this step (benchmarks): see trainer.packing.LAYOUTS
-    layout: Literal["packed", "padded", "padded_max"] | None = None
+    layout: Literal["packed", "padded", "padded_max", "padded_sorted"] | None = None
 
 
 class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -155,6 +155,7 @@ class Trainer:
             self.world,
             self.cfg.micro_batch_tokens,
             packed=packed,
+            sorted_buckets=layout == "padded_sorted",
         )
         acc: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)

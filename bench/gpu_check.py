@@ -1,0 +1,217 @@
+"""One prepared GPU check: kernels, one FSDP2 NCCL rank, weight export; one JSON line.
+
+On the lent H200 (GPU image: Python 3.12, torch 2.11, triton, transformers; no msgspec or
+liger-kernel, which travel as wheels in .whl/, filled here by ``bash bench/gpu_wheels.sh``),
+from the repository root:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+    PYTHONPATH=/tmp/site:$PWD python3 bench/gpu_check.py --out $OUT
+
+Here (no GPU): ``python bench/gpu_check.py --dry-run`` lists parts and sizes;
+``python bench/gpu_check.py --device cpu --quick`` runs the same code at tiny sizes on CPU
+(gloo, torch row ops), a smoke test of the logic, not a GPU result. ``make gpu-check``
+runs the device command above. GPU_RUN.md explains every JSON field.
+
+Parts (each under its own try/except and time budget; a failed part reports its error and
+the rest still run): ``peak`` (measured bf16 matmul peak), ``kernels`` (Triton
+linear_logprob, policy loss: error vs float64, time and peak memory vs naive and Liger),
+``trainer`` (packed bf16 FSDP2 train steps of a random Qwen3-shaped model through the
+project's Trainer: tokens/s, MFU), ``export`` (the trainer's ``push_tensor`` path to an
+engine child process over CUDA IPC handles), ``sglang`` (skipped unless SGLang imports).
+The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+
+
+def make_importable() -> None:
+    """Repo root on sys.path; ``spade_kernels`` -> kernels/ when the project isn't installed."""
+    for p in (str(ROOT), str(BENCH)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if importlib.util.find_spec("spade_kernels") is None:
+        spec = importlib.util.spec_from_file_location(
+            "spade_kernels",
+            ROOT / "kernels" / "__init__.py",
+            submodule_search_locations=[str(ROOT / "kernels")],
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["spade_kernels"] = module
+        spec.loader.exec_module(module)
+
+
+make_importable()
+
+from gpucheck import sizes as sizes_mod  # noqa: E402
+
+PART_NAMES = ("peak", "kernels", "trainer", "export", "sglang")
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class PartTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise PartTimeout("part ran past its time budget")
+
+
+def run_part(name: str, fn, ctx: dict, budget_s: int) -> dict:
+    """fn(ctx, result) fills ``result`` as it goes, so a failure keeps what was measured."""
+    result: dict = {}
+    t0 = time.perf_counter()
+    log(f"{name}: start (budget {budget_s} s)")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(budget_s)
+    try:
+        fn(ctx, result)
+        result.setdefault("ok", "skipped" not in result)
+    except BaseException as exc:  # noqa: BLE001 - a failed part is data, the rest still runs
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result["ok"] = False
+        result["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        result["where"] = traceback.format_exc(limit=-3)[-1200:]
+        log(f"{name}: FAILED {result['error']}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    log(f"{name}: done in {result['seconds']} s")
+    return result
+
+
+def hardware(device: str) -> dict:
+    import torch
+    from _hw import machine
+
+    hw = {**machine(), "torch": torch.__version__, "device": device}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        hw.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
+    for dist in ("triton", "transformers", "liger-kernel", "flash-attn", "sglang", "msgspec"):
+        try:
+            hw[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            hw[dist] = None
+    return hw
+
+
+def _get(d: dict, *path):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def summarize(parts: dict) -> dict:
+    """The headline numbers, each None when its part failed or did not run."""
+    timing = _get(parts, "kernels", "timing") or {}
+    t_small = timing[min(timing, key=lambda k: int(k[1:]))] if timing else {}
+    acc = _get(parts, "kernels", "accuracy") or {}
+    pushes = _get(parts, "export", "pushes") or [{}]
+    return {
+        "ok": {name: p.get("ok") for name, p in parts.items()},
+        "peak_tflops": _get(parts, "peak", "tflops"),
+        "kernels_T": min((int(k[1:]) for k in timing), default=None),
+        "fused_time_vs_naive": _get(t_small, "fused", "time_vs_naive"),
+        "fused_memory_vs_naive": _get(t_small, "fused", "memory_vs_naive"),
+        "fused_time_vs_liger": _get(t_small, "fused", "time_vs_liger"),
+        "fused_accuracy_ok": all(
+            case.get("fused_within_2x_naive") for per in acc.values() for case in per.values()
+        )
+        if acc
+        else None,
+        "train_tokens_per_s": _get(parts, "trainer", "packed", "tokens_per_s"),
+        "train_mfu": _get(parts, "trainer", "packed", "mfu"),
+        "packed_vs_padded": _get(parts, "trainer", "packed_vs_padded"),
+        "export_gb_per_s": pushes[-1].get("gb_per_s"),
+        "export_weights_match": _get(parts, "export", "weights_match"),
+    }
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="", help="directory for gpu_check.json (created)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes")
+    p.add_argument("--dry-run", action="store_true", help="list parts and sizes, run nothing")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--parts", default=",".join(PART_NAMES), help="comma list of parts to run")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    parts = [x for x in args.parts.split(",") if x]
+    bad = [x for x in parts if x not in PART_NAMES]
+    if bad:
+        print(f"error: unknown part(s) {bad}; pick from {','.join(PART_NAMES)}", file=sys.stderr)
+        return 2
+    sizes = sizes_mod.pick(args.device, args.quick)
+    if args.dry_run:
+        plan = {"device": args.device, "quick": args.quick, "parts": parts, "sizes": sizes}
+        print(json.dumps(plan))
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "error: no CUDA device here; run on the GPU machine, or use --device cpu --quick "
+            "(CPU smoke test) or --dry-run",
+            file=sys.stderr,
+        )
+        return 2
+    if args.device == "cpu" and not args.quick:
+        print("error: --device cpu runs only the tiny sizes; add --quick", file=sys.stderr)
+        return 2
+    from gpucheck import export, kernels, sglang_part, trainer
+
+    fns = {
+        "peak": trainer.peak_part,
+        "kernels": kernels.kernels_part,
+        "trainer": trainer.trainer_part,
+        "export": export.export_part,
+        "sglang": sglang_part.sglang_part,
+    }
+    t0 = time.perf_counter()
+    ctx = {"device": args.device, "sizes": sizes, "log": log}
+    out = {"hardware": hardware(args.device), "quick": args.quick, "sizes": sizes, "parts": {}}
+    try:
+        for name in parts:
+            out["parts"][name] = run_part(name, fns[name], ctx, sizes["budget_s"][name])
+    finally:
+        trainer.close(ctx)
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    out["summary"] = summarize(out["parts"])
+    line = json.dumps(out, default=str)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_check.json").write_text(line + "\n")
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Parts of bench/gpu_check.py: sizes, kernels, trainer (+ bf16 peak), export, sglang."""

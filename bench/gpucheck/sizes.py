@@ -1,0 +1,95 @@
+"""Problem sizes per run mode: full (H200, < 5 min in all), quick (GPU, small), cpu (tiny)."""
+
+from __future__ import annotations
+
+import copy
+
+# Qwen3-shaped ~1.1B: Qwen3-1.7B's widths (hidden 2048, 16 q / 8 kv heads of 128, MLP 6144,
+# vocab 151,936, tied embeddings) at 16 layers instead of 28.
+QWEN3_1B = dict(
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+
+FULL = {
+    "peak": {"n": 8192, "reps": 100, "dtype": "bfloat16"},
+    "kernels": {
+        "accuracy": {"T": 1024, "V": 151936, "D": 4096},
+        "timing": {"T": [4096, 16384], "V": 151936, "D": 4096, "reps": 3},
+        "loss_T": 16384,
+    },
+    "trainer": {
+        "model": QWEN3_1B,
+        "batch_tokens": 32768,
+        "micro_batch_tokens": 16384,
+        "min_len": 256,
+        "max_len": 4096,
+        "steps": 3,
+    },
+    "export": {"bucket_mib": 512, "pushes": 2},
+    "budget_s": {"peak": 20, "kernels": 100, "trainer": 120, "export": 45, "sglang": 5},
+}
+
+QUICK = copy.deepcopy(FULL)
+QUICK["peak"].update(n=4096, reps=50)
+QUICK["kernels"] = {
+    "accuracy": {"T": 256, "V": 32768, "D": 1024},
+    "timing": {"T": [1024, 4096], "V": 32768, "D": 1024, "reps": 3},
+    "loss_T": 4096,
+}
+QUICK["trainer"].update(
+    model=dict(
+        QWEN3_1B,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        vocab_size=32768,
+    ),
+    batch_tokens=8192,
+    micro_batch_tokens=4096,
+    max_len=2048,
+    steps=2,
+)
+QUICK["budget_s"] = {"peak": 20, "kernels": 60, "trainer": 90, "export": 45, "sglang": 10}
+
+CPU = copy.deepcopy(QUICK)
+CPU["peak"] = {"n": 512, "reps": 5, "dtype": "float32"}
+CPU["kernels"] = {
+    "accuracy": {"T": 64, "V": 1000, "D": 64},
+    "timing": {"T": [256], "V": 4096, "D": 128, "reps": 2},
+    "loss_T": 1024,
+}
+CPU["trainer"].update(
+    model=dict(
+        QWEN3_1B,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+    ),
+    batch_tokens=1024,
+    micro_batch_tokens=512,
+    min_len=16,
+    max_len=256,
+    steps=1,
+)
+CPU["export"] = {"bucket_mib": 1, "pushes": 2}
+CPU["budget_s"] = {"peak": 30, "kernels": 60, "trainer": 120, "export": 60, "sglang": 10}
+
+
+def pick(device: str, quick: bool) -> dict:
+    if device == "cpu":
+        return copy.deepcopy(CPU)
+    return copy.deepcopy(QUICK if quick else FULL)

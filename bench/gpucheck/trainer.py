@@ -1,0 +1,204 @@
+"""Peak and trainer parts: measured matmul peak; the project's Trainer as one FSDP2 rank.
+
+The trainer part starts a world-size-1 process group (NCCL on CUDA, gloo on CPU, env://),
+writes a random Qwen3-shaped model (bf16 safetensors, in /dev/shm when it has 8 GiB free), builds
+``spade_async.trainer.step.Trainer`` on it (fp32 masters, bf16 compute, FSDP2 per decoder
+block, the varlen attention the trainer picks) and times packed ``train_step``s on a
+long-tailed batch, then padded ones (each micro-batch padded to its longest) for the ratio.
+MFU = model flops / step time / the ``peak`` part's measured matmul flops; model flops per
+step = 6 * decoder params * tokens + 6 * V * D * loss tokens + 6 * L * H * hd * sum(len^2)
+(causal attention, forward + backward; recomputation is not counted).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def peak_part(ctx: dict, result: dict) -> None:
+    cfg, device = ctx["sizes"]["peak"], ctx["device"]
+    dtype = getattr(torch, cfg["dtype"])
+    n = cfg["n"]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(10):  # warm-up: cuBLAS heuristics, clocks
+        a @ b
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(cfg["reps"]):
+        a @ b
+    sync()
+    secs = time.perf_counter() - t0
+    flops = 2 * n**3 * cfg["reps"] / secs
+    result.update(matmul_n=n, dtype=cfg["dtype"], tflops=round(flops / 1e12, 2))
+    ctx["peak_flops"] = flops
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_dist(device: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method="env://")
+
+
+def write_model(spec: dict, device: str) -> str:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    # /dev/shm when it has room (containers often give it 64 MiB), else the temp dir
+    shm = os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > 8 << 30
+    root = "/dev/shm" if shm else None
+    path = tempfile.mkdtemp(prefix="spade-gpucheck-", dir=root)
+    config = Qwen3Config(**spec, max_position_embeddings=32768)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    del model
+    return path
+
+
+def long_tail(n_tokens: int, vocab: int, lo: int, hi: int, seed: int = 0):
+    """Samples of log-normal lengths in [lo, hi] summing to ~n_tokens; last 60% is trained."""
+    from spade_async.trainer.batch import Batch, Sample
+
+    rng = random.Random(seed)
+    samples, total = [], 0
+    while total < n_tokens:
+        n = int(min(hi, max(lo, rng.lognormvariate(6.0, 0.9))))
+        n = min(n, max(lo, n_tokens - total))
+        k = max(1, int(n * 0.4))
+        samples.append(
+            Sample(
+                token_ids=[rng.randrange(vocab) for _ in range(n)],
+                loss_mask=[0] * k + [1] * (n - k),
+                advantage=rng.choice((-1.0, 1.0)),
+                rollout_logprobs=[0.0] * k + [-rng.uniform(0.1, 8.0) for _ in range(n - k)],
+            )
+        )
+        total += n
+    return Batch(samples=samples)
+
+
+def model_flops(causal_lm, batch) -> float:
+    cfg = causal_lm.config
+    decoder = sum(p.numel() for layer in causal_lm.model.layers for p in layer.parameters())
+    lens = [len(s.token_ids) for s in batch.samples]
+    loss_tok = sum(sum(s.loss_mask) for s in batch.samples)
+    attn = 6 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    return (
+        6 * decoder * sum(lens)
+        + 6 * cfg.vocab_size * cfg.hidden_size * loss_tok
+        + attn * sum(n * n for n in lens)
+    )
+
+
+def _steps(trainer, batch, n: int, layout: str) -> dict:
+    trainer.train_step(batch, layout=layout)  # warm-up (allocator, kernels)
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    secs, metrics = [], {}
+    for _ in range(n):
+        metrics = trainer.train_step(batch, layout=layout)
+        secs.append(metrics["seconds"])
+    out = {
+        "step_s": round(statistics.median(secs), 4),
+        "tokens_per_s": round(metrics["tokens"] / statistics.median(secs), 1),
+        "micro_batches": int(metrics["micro_batches"]),
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "skipped_steps": int(metrics["skipped_steps"]),
+    }
+    if trainer.device.type == "cuda":
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+def trainer_part(ctx: dict, result: dict) -> None:
+    from spade_async.trainer.config import TrainerConfig
+    from spade_async.trainer.step import Trainer
+
+    device, cfg, log = ctx["device"], ctx["sizes"]["trainer"], ctx["log"]
+    _init_dist(device)
+    result["backend"] = torch.distributed.get_backend()
+    t0 = time.perf_counter()
+    model_dir = ctx["model_dir"] = write_model(cfg["model"], device)
+    result["write_model_s"] = round(time.perf_counter() - t0, 2)
+    log(f"trainer: random model written to {model_dir} in {result['write_model_s']} s")
+    t0 = time.perf_counter()
+    tcfg = TrainerConfig(model=model_dir, micro_batch_tokens=cfg["micro_batch_tokens"], lr=1e-6)
+    trainer = ctx["trainer"] = Trainer(tcfg, model_dir, torch.device(device))
+    lm = trainer.model.causal_lm
+    result.update(
+        load_s=round(time.perf_counter() - t0, 2),
+        params=sum(p.numel() for p in lm.parameters()),
+        attn_implementation=lm.config._attn_implementation,
+        fsdp=type(trainer.model).__name__,
+    )
+    log(
+        f"trainer: loaded {result['params'] / 1e9:.3f}B params, attn {result['attn_implementation']}"
+    )
+    batch = long_tail(cfg["batch_tokens"], lm.config.vocab_size, cfg["min_len"], cfg["max_len"])
+    result["batch"] = {
+        "samples": len(batch.samples),
+        "tokens": sum(len(s.token_ids) for s in batch.samples),
+        "loss_tokens": sum(sum(s.loss_mask) for s in batch.samples),
+        "longest": max(len(s.token_ids) for s in batch.samples),
+    }
+    flops = model_flops(lm, batch)
+    result["model_flops_per_step"] = flops
+    result["logprob_backend"] = "triton" if device == "cuda" else "torch"
+    try:
+        trainer.train_step(batch)
+    except Exception as exc:  # noqa: BLE001 - a Triton failure must not hide the trainer
+        if device != "cuda":
+            raise
+        import spade_kernels.dispatch as dispatch
+
+        dispatch.triton_available = lambda: False  # auto -> torch row ops from here on
+        trainer.optimizer.zero_grad(set_to_none=True)  # drop a half-done step's gradients
+        result["logprob_backend"] = f"torch (triton failed: {type(exc).__name__}: {exc})"[:300]
+        log(f"trainer: {result['logprob_backend']}")
+    for layout in ("packed", "padded"):
+        r = result[layout] = _steps(trainer, batch, cfg["steps"], layout)
+        if ctx.get("peak_flops") and device == "cuda":
+            r["mfu"] = round(flops / r["step_s"] / ctx["peak_flops"], 4)
+        log(f"trainer: {layout} {r}")
+    result["packed_vs_padded"] = round(
+        result["packed"]["tokens_per_s"] / result["padded"]["tokens_per_s"], 3
+    )
+    result["version"] = trainer.version
+
+
+def close(ctx: dict) -> None:
+    """Tear down what the parts left (process group, model dir)."""
+    import torch.distributed as dist
+
+    ctx.pop("trainer", None)
+    if ctx.get("model_dir"):
+        shutil.rmtree(ctx.pop("model_dir"), ignore_errors=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
