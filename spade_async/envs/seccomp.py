@@ -140,6 +140,14 @@ def mount_tmpfs(target: str, size_bytes: int) -> bool:
     return libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0  # NOSUID|NODEV
 
 
+def remount_ro(target: str) -> bool:
+    """Make the mount at ``target`` read-only in this (private) mount namespace."""
+    if platform.system() != "Linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.mount(None, target.encode(), None, 32 | 4096 | 1, None) == 0  # REMOUNT|BIND|RDONLY
+
+
 def die_with_parent() -> None:
     """PR_SET_PDEATHSIG(SIGKILL): die when the parent (thread) that started us exits."""
     if platform.system() == "Linux":

@@ -124,7 +124,7 @@ class Worker:
 
     # --- checks ----------------------------------------------------------------------
     def obs(self, value: object, where: str) -> str:
-        if not isinstance(value, str):
+        if type(value) is not str:  # exact: a subclass can lie about its length
             raise Fail("contract", f"{where} observation is {type(value).__name__}, expected str")
         if len(value) > self.limits["max_obs_chars"]:
             raise Fail(
@@ -194,7 +194,7 @@ class Worker:
                 n = len(out) if isinstance(out, tuple | list) else type(out).__name__
                 raise Fail("contract", f"step() returned {n}, expected a 5-tuple")
             obs, reward, term, trunc, info = out
-            if isinstance(reward, bool) or not isinstance(reward, int | float):
+            if type(reward) not in (int, float):  # exact: a subclass can lie to conversions
                 raise Fail("contract", f"step() reward is {type(reward).__name__}, expected float")
             reward = float(reward)  # converted ONCE: the value checked is the value sent
             if not -10.0 <= reward <= 10.0:  # also rejects NaN (the parent checks again)
@@ -298,9 +298,15 @@ def main(argv: list[str]) -> None:
     seccomp.die_with_parent()  # our parent: the pool (rlimit), unshare, or bwrap's init
     stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
-    if limits.get("private_tmpfs"):  # unshare level: our own mount namespace, capped tmpfs
-        for target, mb in (("/tmp", limits["tmp_mb"]), ("/dev/shm", limits["shm_mb"])):
-            seccomp.mount_tmpfs(target, mb << 20)
+    if limits.get("private_tmpfs"):  # unshare level: our own mount namespace
+        # the usual RAM-backed places become capped tmpfs, the root and /dev read-only;
+        # other mounts of the host stay as they are (this level hides no files)
+        for target in ("/", "/dev"):
+            seccomp.remount_ro(target)
+        for target, mb in (("/tmp", limits["tmp_mb"]), ("/dev/shm", limits["shm_mb"]),
+                           ("/run", 1), ("/var/tmp", 1)):  # fmt: skip
+            if os.path.isdir(target):
+                seccomp.mount_tmpfs(target, mb << 20)
         os.makedirs(limits["workdir"], exist_ok=True)
     if limits.get("workdir"):
         os.chdir(limits["workdir"])
