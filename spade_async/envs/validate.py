@@ -205,6 +205,15 @@ class _Gates:
                 f"seed {seed}: the same actions{what} diverge at step {i} in two worker processes",
             )
 
+    async def second_opinion(self, seed: int, actions: list[str], trace: list[tuple]) -> None:
+        """A failed replay, once more in a third fresh worker (only on this failure path):
+        the same failure there is infeasibility; a different game is nondeterminism."""
+        await self.pool.release(self.env_ids[1])  # B is done: its slot goes to C
+        env_id = uuid.uuid4().hex[:16]
+        self.env_ids += (env_id,)  # released with the others
+        c = await self.call(self.pool.open(self.source, env_id=env_id, env_class=self.env_class))
+        self.same(seed, await self.episode(c, seed, actions), trace, " of solution()")
+
     async def feasible(self, a: Instance, b: Instance) -> None:
         plans: dict[int, list[str]] = {}
         for seed in self.seeds:  # solution() runs in A only
@@ -219,6 +228,7 @@ class _Gates:
             trace = await self.episode(b, seed, actions)
             last = trace[-1]
             if len(trace) < 2 or not last[2] or last[1] < self.cfg.success_threshold:
+                await self.second_opinion(seed, actions, trace)
                 end = (
                     "no step"
                     if len(trace) < 2
