@@ -355,7 +355,8 @@ def test_host_shared_memory_is_unchanged(outcome):
     machine is shared, so other processes may move it a little meanwhile)."""
     _needs(outcome, "bwrap", "unshare")
     (kb_before, files_before, segs_before), (kb_after, files, segs) = (
-        outcome.shm_before, outcome.shm_after
+        outcome.shm_before,
+        outcome.shm_after,
     )
     assert files_before == [] and files == []
     assert segs_before == [] and segs == []

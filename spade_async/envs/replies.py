@@ -88,7 +88,9 @@ def _sized(value: Any, where: str, cap: int) -> None:
 
 def _obs(obs: str, where: str, cap: int) -> None:
     if len(obs) > cap:
-        raise ReplyError("output_too_large", f"{where} observation has {len(obs):,} chars (cap {cap:,})")
+        raise ReplyError(
+            "output_too_large", f"{where} observation has {len(obs):,} chars (cap {cap:,})"
+        )
 
 
 def check(request: object, reply: object, limits: dict) -> object:
@@ -111,7 +113,9 @@ def check(request: object, reply: object, limits: dict) -> object:
     if isinstance(reply, P.StepOk):
         lo, hi = REWARD_RANGE
         if not math.isfinite(reply.reward) or not lo <= reply.reward <= hi:
-            raise ReplyError("contract", f"step() reward {reply.reward!r} is outside [{lo:g}, {hi:g}]")
+            raise ReplyError(
+                "contract", f"step() reward {reply.reward!r} is outside [{lo:g}, {hi:g}]"
+            )
         _obs(reply.obs, "step()", max_obs)
         _sized(reply.info, "step() info", max_info)
     elif isinstance(reply, P.ResetOk):
@@ -119,16 +123,22 @@ def check(request: object, reply: object, limits: dict) -> object:
         _sized(reply.info, "reset() info", max_info)
     elif isinstance(reply, P.Opened):
         if not reply.env_class.isidentifier() or len(reply.env_class) > 200:
-            raise ReplyError("protocol", f"class name {clean_text(reply.env_class, 80)!r} is not an identifier")
+            raise ReplyError(
+                "protocol", f"class name {clean_text(reply.env_class, 80)!r} is not an identifier"
+            )
     elif isinstance(reply, P.Value) and isinstance(request, P.Solution):
         v = reply.value
         if not (type(v) is str or (type(v) is list and all(type(a) is str for a in v))):
-            raise ReplyError("contract", f"solution() is {type(v).__name__}, expected str or list[str]")
+            raise ReplyError(
+                "contract", f"solution() is {type(v).__name__}, expected str or list[str]"
+            )
         size = len(v) if type(v) is str else sum(map(len, v))
         if size > max_obs:
             raise ReplyError("output_too_large", f"solution() has {size:,} chars (cap {max_obs:,})")
     elif isinstance(reply, P.Value):  # get_tools()
         if type(reply.value) is not list or not all(type(t) is dict for t in reply.value):
-            raise ReplyError("contract", f"get_tools() is {type(reply.value).__name__}, expected a list of dicts")
+            raise ReplyError(
+                "contract", f"get_tools() is {type(reply.value).__name__}, expected a list of dicts"
+            )
         _sized(reply.value, "get_tools()", max_info)
     return reply

@@ -40,7 +40,9 @@ def _errno(code: int) -> int:
 AUDIT_ARCH_X86_64 = 0xC000003E
 CLONE_THREAD = 0x00010000
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+CLONE_NEW_ANY = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+)
 NR = {
     "shmget": 29, "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101,
     "rt_sigqueueinfo": 129, "pivot_root": 155, "chroot": 161, "mount": 165, "umount2": 166,

@@ -77,7 +77,9 @@ def find_env_class(tree: ast.Module) -> str:
 
 # the only part of the project inside the sandbox: the tool-use base class (worker.py maps
 # this import path to the injected class)
-SANDBOX_MODULES = frozenset({"tool_use", "spade_async", "spade_async.envs", "spade_async.envs.tool_use"})
+SANDBOX_MODULES = frozenset(
+    {"tool_use", "spade_async", "spade_async.envs", "spade_async.envs.tool_use"}
+)
 
 
 def screen_imports(tree: ast.Module) -> list[str]:
