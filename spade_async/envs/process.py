@@ -86,7 +86,7 @@ class WorkerProcess:
             with anyio.fail_after(timeout):
                 ready = await self._read_reply(0)
         except (TimeoutError, EOFError, OSError, EnvError, msgspec.DecodeError,
-                replies.ReplyError) as exc:  # fmt: skip
+                RecursionError, replies.ReplyError) as exc:  # fmt: skip
             rc = await self.kill(f"boot failed: {exc!r}", grace=0.2)
             raise EnvError(
                 "boot",
@@ -173,7 +173,7 @@ class WorkerProcess:
                 failure = EnvError(exc.kind, f"{exc.message} (refused by the parent)")
             except (EOFError, OSError) as exc:
                 failure = EnvError("crash", str(exc))
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:  # also nesting too deep
                 failure = EnvError("protocol", f"corrupt reply frame: {exc}")
             except anyio.ClosedResourceError:
                 failure = EnvError("lost", f"worker was killed ({self.dead})")
