@@ -252,6 +252,11 @@ async def validate_source(
     config: ValidateConfig | None = None,
 ) -> Verdict:  # fmt: skip
     """Run every gate on ``source`` in ``pool``'s sandbox. Never raises for a bad environment."""
+    if pool.config.max_workers < 2:
+        raise UsageError(
+            f"envs.max_workers = {pool.config.max_workers}: the validation gates compare two "
+            "worker processes; set envs.max_workers to 2 or more"
+        )
     t0 = time.perf_counter()
     cfg = config or ValidateConfig()
     seeds = tuple(seeds) or (0,)

@@ -230,3 +230,11 @@ async def test_solution_side_effects_do_not_prove_feasibility(pool):
     v = await validate_source(cheat, pool=pool)
     assert (v.valid, v.stage, v.feasibility) == (False, "feasibility", "failed"), v.reason
     assert "fresh worker" in v.reason
+
+
+async def test_one_worker_is_a_usage_error_not_a_hang():
+    from spade_async.errors import UsageError
+
+    async with EnvPool(PoolConfig(max_workers=1, prewarm=0)) as one:
+        with pytest.raises(UsageError, match="max_workers"):
+            await validate_source(GOOD, pool=one)
