@@ -19,7 +19,10 @@ Strongest available first:
 
 All levels add, inside the worker before any environment code runs: rlimits (address
 space, CPU seconds, file size, open files, processes, no core dumps), a seccomp filter
-that forbids creating processes and signalling others (``seccomp.py``), a scrubbed
+that forbids creating processes, signalling others, mounting, memfds and SysV shared
+memory (``seccomp.py``), so a worker's whole memory is at most ``memory_mb`` (address
+space) + ``tmp_mb`` + ``shm_mb`` (its tmpfs, freed with its mount namespace) at the
+``bwrap`` and ``unshare`` levels; a scrubbed
 environment, ``python -I``, stdout/stderr into a capped in-memory sink, and a new session
 (process group) so the parent can kill the whole group.
 """
