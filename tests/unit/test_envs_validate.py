@@ -200,15 +200,17 @@ async def test_reported_class_is_the_static_one(pool):
 
 async def test_salt_per_process_fails_determinism_across_workers(pool):
     """The salt never shows in the first observation nor on garbage actions, only when the
-    solution (a binary search over 2**20 numbers) is replayed in another process."""
+    solution (a binary search over 2**20 numbers) is replayed in other processes, whose hints
+    then differ (they name the hidden number mod 9973: equal by chance 1 time in 9973)."""
     salted = (
         GOOD.replace("import random, re", "import random, re, os\n_S = os.urandom(8)")
         .replace("random.Random(seed)", "random.Random(str(seed) + _S.hex())")
         .replace("randint(1, 16)", "randint(1, 1 << 20)")
         .replace("lo, hi, moves = 1, 16, []", "lo, hi, moves = 1, 1 << 20, []")
         .replace("max_turns: int = 10", "max_turns: int = 40")
+        .replace("go {hint}.", "go {hint} (check {self.target % 9973}).")
     )
-    assert salted.count("1 << 20") == 2 and "_S.hex()" in salted
+    assert salted.count("1 << 20") == 2 and "_S.hex()" in salted and "9973" in salted
     v = await validate_source(salted, pool=pool)
     assert (v.valid, v.stage) == (False, "determinism")
     assert "two worker processes" in v.reason
