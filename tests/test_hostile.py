@@ -351,8 +351,8 @@ def test_corpus_runs_in_reasonable_time(outcome):
 
 def test_host_shared_memory_is_unchanged(outcome):
     """shm_hoarder.py tried to park HOARD_MB in each of nine ways: nothing of it is left
-    (files, SysV segments), and host Shmem moved by less than half of one way's worth (the
-    machine is shared, so other processes may move it a little meanwhile)."""
+    (files, SysV segments), and host Shmem grew by less than half of one way's worth (the
+    machine may be shared, so other processes may move it a little meanwhile)."""
     _needs(outcome, "bwrap", "unshare")
     (kb_before, files_before, segs_before), (kb_after, files, segs) = (
         outcome.shm_before,
@@ -360,7 +360,7 @@ def test_host_shared_memory_is_unchanged(outcome):
     )
     assert files_before == [] and files == []
     assert segs_before == [] and segs == []
-    assert abs(kb_after - kb_before) < HOARD_MB * 1024 // 2, (kb_before, kb_after)
+    assert kb_after - kb_before < HOARD_MB * 1024 // 2, (kb_before, kb_after)  # (others may free)
 
 
 def test_reported_names_are_static_and_no_output_gains_a_line(outcome):
