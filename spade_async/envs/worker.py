@@ -298,6 +298,7 @@ def main(argv: list[str]) -> None:
     seccomp.die_with_parent()  # our parent: the pool (rlimit), unshare, or bwrap's init
     stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
+    workdir = limits.get("workdir")
     if limits.get("private_tmpfs"):  # unshare level: our own mount namespace
         # the usual RAM-backed places become capped tmpfs, the root and /dev read-only;
         # other mounts of the host stay as they are (this level hides no files)
@@ -305,13 +306,13 @@ def main(argv: list[str]) -> None:
             seccomp.remount_ro(target)
         for target, mb in (("/tmp", limits["tmp_mb"]), ("/dev/shm", limits["shm_mb"]),
                            ("/run", 1), ("/var/tmp", 1)):  # fmt: skip
-            if os.path.isdir(target):
-                seccomp.mount_tmpfs(target, mb << 20)
-        os.makedirs(limits["workdir"], exist_ok=True)
-    if limits.get("workdir"):
-        os.chdir(limits["workdir"])
+            if os.path.isdir(target) and seccomp.mount_tmpfs(target, mb << 20) and target == "/tmp":
+                workdir = "/tmp"  # private: the same path in every worker, as under bwrap
+        os.makedirs(workdir, exist_ok=True)
+    if workdir:
+        os.chdir(workdir)
     os.environ.clear()
-    os.environ["TMPDIR"] = limits.get("workdir") or "/tmp"
+    os.environ["TMPDIR"] = workdir or "/tmp"
     apply_limits(limits)
     filtered = seccomp.install(os.getpid()) if limits["deny_fork"] else False
     worker = Worker(rfd, wfd, limits)
