@@ -89,9 +89,19 @@ def main(argv: list[str]) -> int:
     while child.poll() is None:
         if not _alive(parent):
             kill_tree(child.pid)
+            _sweep_exports()
             return 137
         time.sleep(0.5)
+    _sweep_exports()
     return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def _sweep_exports() -> None:
+    """Weight exports (/dev/shm/spade-weights-<pid>) of the tree that just ended."""
+    from spade_async.trainer import exports
+
+    time.sleep(0.2)  # let the killed processes become reapable
+    exports.sweep()
 
 
 if __name__ == "__main__":

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import pytest
 
+from spade_async.envs.cli import _human
 from spade_async.envs.examples import HERE as EXAMPLES
 from spade_async.envs.pool import EnvPool, PoolConfig
 from spade_async.envs.validate import Verdict, validate_source
@@ -81,6 +84,14 @@ CASES = {
     "two_env_classes.py": "structure",
     "no_env_class.py": "structure",
     "syntax_error.py": "syntax",
+    # issue 16: the parent decides, gates that cannot be gamed, nothing parked outside limits
+    "forged_reply_frames.py": "protocol",  # a second, correctly numbered reply frame
+    "patched_handler.py": "step",  # the worker's checks bypassed: the parent refuses -1e6
+    "float_subclass_reward.py": "step",  # no subclass survives: the value checked is sent
+    "solution_side_effect.py": "feasibility",  # replayed where solution() never ran
+    "salted_at_import.py": "determinism",  # same seed, two worker processes, two games
+    "forged_names.py": "step",  # the class name is the static one; no forged line
+    "shm_hoarder.py": "reset",  # every way to park RAM refused or capped
 }
 # why, for the cases where the reason is not in the name (signal names, errno text)
 REASONS = {
@@ -93,10 +104,26 @@ REASONS = {
     "sigkill_self.py": "SIGKILL",
     "memory_bomb.py": "MemoryError",
     "loopback_connect.py": "Error",  # ConnectionRefusedError / OSError: network unreachable
+    "forged_reply_frames.py": "reply frame",
+    "patched_handler.py": "refused by the parent",
+    "float_subclass_reward.py": "reward is Sly",
+    "solution_side_effect.py": "in a fresh worker",
+    "salted_at_import.py": "two worker processes",
+    "forged_names.py": "bad action",
+    "shm_hoarder.py": "hoarding refused",
 }
 LEAKY = ("read_secret_file.py", "leak_environment.py")
 # classifications that only hold where the sandbox isolates that resource
-NEEDS = {"loopback_connect.py": ("bwrap", "unshare")}
+NEEDS = {
+    "loopback_connect.py": ("bwrap", "unshare"),
+    "shm_hoarder.py": ("bwrap", "unshare"),
+    # at rlimit its own environment holds its private working dir, which differs per worker
+    # process: a real cross-process difference, so determinism rejects it there
+    "leak_environment.py": ("bwrap", "unshare"),
+}
+# not even run where the sandbox does not contain it (it would park RAM on the host)
+RUN_ONLY = {"shm_hoarder.py": ("bwrap", "unshare")}
+HOARD_MB = 96  # what shm_hoarder.py tries to park per way (its WANT)
 POOL = PoolConfig(max_workers=6, prewarm=2, call_timeout_s=6.0, open_timeout_s=6.0, memory_mb=512)
 
 
@@ -153,9 +180,34 @@ class Traps:
     def cleanup(self) -> None:
         self.decoy.kill()
         self.decoy.wait()
+        for path in map(Path, host_shm()[1]):  # only where a weak sandbox let one write
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         self.listener.close()
         for path in self.secret_files + self.escape_targets:
             path.unlink(missing_ok=True)
+
+
+def host_shm() -> tuple[int, list[str], list[str]]:
+    """Host shared memory: (Shmem kB from /proc/meminfo, what this run's programs left in
+    RAM-backed places (files named with the run's tag), System V segments with the key that
+    shm_hoarder.py asks for)."""
+    kb = next(
+        int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+        if ln.startswith("Shmem:")
+    )  # fmt: skip
+    files = [
+        str(p) for d in ("/dev/shm", "/dev", "/", "/run", "/var/tmp", "/tmp")
+        if Path(d).is_dir() for p in Path(d).glob(f"{COMM}*")
+    ]  # fmt: skip
+    key = str(zlib.crc32(COMM.encode()) & 0x7FFFFFFF)
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except OSError:
+        rows = []
+    return kb, files, [r for r in rows if r.split() and r.split()[0] == key]
 
 
 @dataclass
@@ -169,6 +221,8 @@ class Outcome:
     tagged_while_running: list[str]
     worker_pids: list[int]
     seconds: float
+    shm_before: tuple = ()
+    shm_after: tuple = ()
 
 
 def hostile_processes() -> list[str]:
@@ -204,7 +258,8 @@ async def _run_corpus(traps: Traps) -> tuple[dict, dict, Verdict, list[int], lis
 
         async with anyio.create_task_group() as tg:
             for name in CASES:
-                tg.start_soon(check, name)
+                if pool.isolation in RUN_ONLY.get(name, (pool.isolation,)):
+                    tg.start_soon(check, name)
         observations, tagged = {}, []
         for name in LEAKY:  # what these programs actually hand back
             inst = await pool.open(sources[name])
@@ -221,8 +276,10 @@ def outcome(tmp_path_factory) -> Outcome:
     traps = Traps(tmp_path_factory.mktemp("hostile"))
     os.environ["SPADE_HOSTILE_SECRET"] = SECRET  # workers spawn after this: they must not see it
     t0 = time.perf_counter()
+    shm_before = host_shm()
     try:
         verdicts, observations, good, pids, tagged = anyio.run(_run_corpus, traps)
+        shm_after = host_shm()
         connections = traps.connections()
         escaped = [p for p in traps.escape_targets if p.exists()]
         escaped += list(Path("/tmp").glob("fill.bin")) + list(
@@ -236,7 +293,7 @@ def outcome(tmp_path_factory) -> Outcome:
         traps.cleanup()
     return Outcome(
         verdicts, observations, good, connections, escaped, leftover, tagged, pids,
-        time.perf_counter() - t0,
+        time.perf_counter() - t0, shm_before, shm_after,
     )  # fmt: skip
 
 
@@ -255,9 +312,9 @@ def test_corpus_is_complete():
 
 @pytest.mark.parametrize(("name", "stage"), list(CASES.items()), ids=[n[:-3] for n in CASES])
 def test_hostile_program_is_classified(outcome, name, stage):
-    verdict = outcome.verdicts[name]
     if name in NEEDS:
         _needs(outcome, *NEEDS[name])
+    verdict = outcome.verdicts[name]
     assert verdict.stage == stage, f"{name}: {verdict.stage} ({verdict.reason[:300]})"
     assert verdict.valid is (stage == "ok")
     assert REASONS.get(name, "") in verdict.reason
@@ -305,3 +362,45 @@ def test_nothing_outlives_the_suite(outcome):
 def test_corpus_runs_in_reasonable_time(outcome):
     """Not a performance assertion: a generous bound that catches a hung sandbox."""
     assert outcome.seconds < 110, outcome.seconds
+
+
+def test_host_shared_memory_is_unchanged(outcome):
+    """shm_hoarder.py tried to park HOARD_MB in each of nine ways: nothing of it is left
+    (files, SysV segments), and host Shmem grew by less than half of one way's worth (the
+    machine may be shared, so other processes may move it a little meanwhile)."""
+    _needs(outcome, "bwrap", "unshare")
+    (kb_before, files_before, segs_before), (kb_after, files, segs) = (
+        outcome.shm_before,
+        outcome.shm_after,
+    )
+    assert files_before == [] and files == []
+    assert segs_before == [] and segs == []
+    assert kb_after - kb_before < HOARD_MB * 1024 // 2, (kb_before, kb_after)  # (others may free)
+
+
+def test_reported_names_are_static_and_no_output_gains_a_line(outcome):
+    verdict = outcome.verdicts["forged_names.py"]
+    assert verdict.env_class == "ForgedNameEnv"  # not the run-time __name__
+    assert "\n" not in verdict.reason and "\\n" in verdict.reason  # escaped, still readable
+    lines = _human(verdict).splitlines()
+    assert sum(ln.lstrip().startswith("FAIL") for ln in lines) == 1
+    assert not any(ln.startswith(("VALID", "{", "  pass  feasibility")) for ln in lines), lines
+    for v in outcome.verdicts.values():  # every verdict prints as the lines it should
+        assert len(_human(v).splitlines()) <= 9 + len(v.warnings), v
+
+
+def test_cli_prints_no_forged_line():
+    """The real command, human and JSON output, on the file as it is."""
+    for extra in ([], ["--json"]):
+        res = subprocess.run(
+            [sys.executable, "-m", "spade_async.cli", "env", "check",
+             str(CORPUS / "forged_names.py"), "--seeds", "0", *extra],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert res.returncode == 1, res.stderr
+        out = res.stdout.splitlines()
+        if extra:
+            assert len(out) == 1 and json.loads(out[0])["env_class"] == "ForgedNameEnv"
+        else:
+            assert not any(ln.startswith(("VALID", "{")) for ln in out), out
+            assert out[-1].startswith("REJECTED at step: class=ForgedNameEnv"), out

@@ -29,6 +29,14 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def _human(v) -> str:
+    """The report, one line per gate; every text from the check is escaped (a reason or a
+    name holding a newline cannot add a line of its own)."""
+    from spade_async.envs.replies import clean_text
+
+    v = msgspec.structs.replace(
+        v, reason=clean_text(v.reason, 4000), warnings=[clean_text(w) for w in v.warnings],
+        env_class=None if v.env_class is None else clean_text(v.env_class, 200),
+    )  # fmt: skip
     lines = []
     if v.valid:
         lines += [f"  pass  {g}" for g in _GATES]

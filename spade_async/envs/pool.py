@@ -50,6 +50,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cpu_seconds: Doc(int, "CPU-time limit over a worker's life (RLIMIT_CPU), seconds") = 3600
     file_mb: Doc(int, "largest file a worker may write (RLIMIT_FSIZE), MB") = 16
     tmp_mb: Doc(int, "size of the private tmpfs /tmp under bubblewrap, MB") = 64
+    shm_mb: Doc(int, "size of the private tmpfs /dev/shm in the sandbox, MB") = 1
     open_files: Doc(int, "open file descriptors per worker (RLIMIT_NOFILE)") = 64
     nproc: Doc(int, "RLIMIT_NPROC (not enforced for root; the seccomp filter stops forks)") = 64
     deny_fork: Doc(bool, "seccomp filter: no process creation, no signals to others") = True
@@ -78,7 +79,7 @@ class EnvPool:
         self.isolation = "?"
         self._limits = {
             k: getattr(self.config, k)
-            for k in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "open_files", "nproc",
+            for k in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "shm_mb", "open_files", "nproc",
                       "deny_fork", "max_obs_chars", "max_info_bytes", "sink_chars")
         }  # fmt: skip
         # a reply holds at most one observation + one info + framing
@@ -88,6 +89,7 @@ class EnvPool:
         self._by_env: dict[str, WorkerProcess] = {}
         self._starting = 0
         self._env_locks: dict[str, anyio.Lock] = {}
+        self._reserve_lock = anyio.Lock()
         self._changed = anyio.Event()
         self._want_spawn = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -201,6 +203,35 @@ class EnvPool:
         self._by_env[env_id] = w
         return w
 
+    async def reserve(self, *env_ids: str) -> None:
+        """A worker of its own for each of ``env_ids``, taken one caller at a time, so two
+        callers that each need several workers cannot each hold one and wait forever.
+        (The validator's two-process gates; the booting happens concurrently.)"""
+        errors: list[EnvError] = []
+
+        async def one(env_id: str) -> None:
+            try:
+                await self._assign(env_id)
+            except EnvError as exc:
+                errors.append(exc)
+
+        async with self._reserve_lock:
+            async with anyio.create_task_group() as tg:
+                for env_id in env_ids:
+                    tg.start_soon(one, env_id)
+        if errors:
+            raise errors[0]
+
+    async def _assign(self, env_id: str) -> None:
+        async with self._env_locks.setdefault(env_id, anyio.Lock()):
+            try:
+                await self._worker_for(env_id)
+            except TimeoutError:
+                raise EnvError(
+                    "busy",
+                    f"no worker slot within {self.config.capacity_wait_s:g} s (max_workers={self.config.max_workers})",
+                ) from None
+
     async def release(self, env_id: str) -> None:
         """Kill the worker of ``env_id`` (its instances become lost)."""
         w = self._by_env.pop(env_id, None)
@@ -221,21 +252,17 @@ class EnvPool:
             raise
 
     async def open(
-        self, source: str, env_id: str | None = None, kwargs: dict | None = None
-    ) -> Instance:
+        self, source: str, env_id: str | None = None, kwargs: dict | None = None,
+        env_class: str = "",
+    ) -> Instance:  # fmt: skip
+        """An instance of ``source``'s environment class (``env_class``: load that class by
+        name, as the static stage found it, instead of searching the module)."""
         env_id = env_id or source_id(source)
-        lock = self._env_locks.setdefault(env_id, anyio.Lock())
-        async with lock:  # one worker per environment, even when opened concurrently
-            try:
-                w = await self._worker_for(env_id)
-            except TimeoutError:
-                raise EnvError(
-                    "busy",
-                    f"no worker slot within {self.config.capacity_wait_s:g} s (max_workers={self.config.max_workers})",
-                ) from None
+        await self._assign(env_id)  # one worker per environment, even when opened concurrently
+        w = self._by_env[env_id]
         iid = next(self._ids)
         reply = await self._call(
-            w, P.Open(iid, env_id, source, kwargs or {}), self.config.open_timeout_s
+            w, P.Open(iid, env_id, source, kwargs or {}, env_class), self.config.open_timeout_s
         )
         w.instances.add(iid)
         self.counters["opened"] += 1

@@ -4,7 +4,9 @@ The hot path is one ``os.write`` of a length-prefixed msgpack frame to a non-blo
 pipe and one ``os.read`` of the reply, waiting with ``anyio.wait_readable`` only when the
 reply is not there yet. One request is in flight per worker (an ``anyio.Lock``). Any
 failure in the middle of a round trip (our timeout, a cancelled caller, a broken frame,
-EOF) kills the worker's whole process group: its state can no longer be trusted.
+EOF) kills the worker's whole process group: its state can no longer be trusted. So does a
+reply the parent refuses (``replies.check``: wrong type or request number, an unsolicited
+frame, a value outside the contract): the parent decides, never the worker.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import anyio
 import msgspec
 
 from spade_async.envs import protocol as P
-from spade_async.envs import sandbox
+from spade_async.envs import replies, sandbox
 
 
 class EnvError(Exception):
     """A classified failure of environment code; callers turn it into data.
 
     ``kind`` is one of ``protocol.ERROR_KINDS`` (timeout, crash, memory, output_too_large,
-    exception, contract, structure, lost, busy, boot).
+    exception, contract, structure, lost, busy, boot, protocol).
     """
 
     def __init__(self, kind: str, message: str) -> None:
@@ -37,7 +39,7 @@ class EnvError(Exception):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _serial = itertools.count(1)
-_DECODER = msgspec.msgpack.Decoder(P.Reply)
+_DECODER = replies.decoder()
 
 
 def _exit_reason(rc: int) -> tuple[str, str]:
@@ -68,6 +70,7 @@ class WorkerProcess:
         self.seccomp = False
         # on the worker's command line: find its processes in /proc (tests, leak checks)
         self.tag = f"spade-worker-{os.getpid()}-{next(_serial)}"
+        self._seq = itertools.count(1)  # request numbers; Ready is 0
 
     @property
     def pid(self) -> int | None:
@@ -81,8 +84,9 @@ class WorkerProcess:
         self.proc, self.wfd, self.rfd, self.workdir = sandbox.spawn(self.level, limits)
         try:
             with anyio.fail_after(timeout):
-                ready = await self._read_reply()
-        except (TimeoutError, EOFError, OSError, EnvError, msgspec.DecodeError) as exc:
+                ready = await self._read_reply(0)
+        except (TimeoutError, EOFError, OSError, EnvError, msgspec.DecodeError,
+                RecursionError, replies.ReplyError) as exc:  # fmt: skip
             rc = await self.kill(f"boot failed: {exc!r}", grace=0.2)
             raise EnvError(
                 "boot",
@@ -107,18 +111,31 @@ class WorkerProcess:
             except BrokenPipeError:
                 raise EOFError("worker closed its request pipe") from None
 
-    async def _read_reply(self) -> object:
-        buf = self.buf
+    def _refuse_unsolicited(self) -> None:
+        """Bytes waiting before we asked anything are a frame the worker was not asked for."""
+        try:
+            chunk = os.read(self.rfd, 1 << 16)
+        except BlockingIOError:
+            chunk = b""
+        if self.buf or chunk:
+            raise EnvError("protocol", "the worker sent a reply frame nobody asked for")
+
+    async def _read_reply(self, seq: int) -> object:
+        buf, h = self.buf, P.HEADER.size
         while True:
-            if len(buf) >= 4:
-                (n,) = P.HEADER.unpack_from(buf)
+            if len(buf) >= h:
+                n, got = P.HEADER.unpack_from(buf)
                 if n > self.max_frame:
                     raise EnvError(
                         "output_too_large", f"reply frame of {n:,} bytes (cap {self.max_frame:,})"
                     )
-                if len(buf) >= 4 + n:
-                    msg = _DECODER.decode(memoryview(buf)[4 : 4 + n])
-                    del buf[: 4 + n]
+                if got != seq:
+                    raise EnvError("protocol", f"reply frame numbered {got}, expected {seq}")
+                if len(buf) >= h + n:
+                    msg = _DECODER.decode(memoryview(buf)[h : h + n])
+                    del buf[: h + n]
+                    if buf:
+                        raise EnvError("protocol", "the worker sent more than one reply frame")
                     return msg
             try:
                 chunk = os.read(self.rfd, 1 << 20)
@@ -131,8 +148,9 @@ class WorkerProcess:
 
     async def request(self, msg: object, timeout: float) -> object:
         """One round trip. Worker-side failures -> EnvError; the worker survives those."""
+        seq = next(self._seq)
         try:
-            data = P.frame(_ENCODER.encode(msg))
+            data = P.frame(_ENCODER.encode(msg), seq)
         except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in an action
             raise ValueError(f"cannot send {type(msg).__name__} to a worker: {exc}") from None
         async with self.lock:
@@ -142,18 +160,21 @@ class WorkerProcess:
             failure: EnvError | None = None
             try:
                 with anyio.fail_after(timeout):
+                    self._refuse_unsolicited()
                     await self._write(data)
-                    reply = await self._read_reply()
+                    reply = replies.check(msg, await self._read_reply(seq), self.limits)
             except TimeoutError:
                 failure = EnvError(
                     "timeout", f"{type(msg).__name__.lower()} took longer than {timeout:g} s"
                 )
             except EnvError as exc:
                 failure = exc
+            except replies.ReplyError as exc:
+                failure = EnvError(exc.kind, f"{exc.message} (refused by the parent)")
             except (EOFError, OSError) as exc:
                 failure = EnvError("crash", str(exc))
-            except msgspec.DecodeError as exc:
-                failure = EnvError("crash", f"corrupt reply frame: {exc}")
+            except (msgspec.DecodeError, RecursionError) as exc:  # also nesting too deep
+                failure = EnvError("protocol", f"corrupt reply frame: {exc}")
             except anyio.ClosedResourceError:
                 failure = EnvError("lost", f"worker was killed ({self.dead})")
             except BaseException:

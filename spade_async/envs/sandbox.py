@@ -7,14 +7,22 @@ Strongest available first:
               Python installation (``sys.base_prefix``) and the worker's own files at
               /opt/spade bound read-only, a private size-capped tmpfs /tmp, /proc and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
+              Everything writable is size-capped: the root and /dev are remounted
+              read-only, /tmp (``tmp_mb``) and /dev/shm (``shm_mb``) are capped tmpfs, and
+              the filter forbids mounting anything else (mount is what a user namespace's
+              root could otherwise do to undo this).
 - ``unshare`` util-linux ``unshare``: network, pid and mount namespaces (plus a user
-              namespace when not root), a private /proc, ``--kill-child``; the filesystem
-              stays visible (read and write, as the calling user).
+              namespace when not root), a private /proc, ``--kill-child``; the worker mounts
+              capped tmpfs over /tmp and /dev/shm in its own mount namespace; the rest of
+              the filesystem stays visible (read and write, as the calling user).
 - ``rlimit``  only resource limits and the syscall filter; logged as a loud warning.
 
 All levels add, inside the worker before any environment code runs: rlimits (address
 space, CPU seconds, file size, open files, processes, no core dumps), a seccomp filter
-that forbids creating processes and signalling others (``seccomp.py``), a scrubbed
+that forbids creating processes, signalling others, mounting, memfds and SysV shared
+memory (``seccomp.py``), so a worker's whole memory is at most ``memory_mb`` (address
+space) + ``tmp_mb`` + ``shm_mb`` (its tmpfs, freed with its mount namespace) at the
+``bwrap`` and ``unshare`` levels; a scrubbed
 environment, ``python -I``, stdout/stderr into a capped in-memory sink, and a new session
 (process group) so the parent can kill the whole group.
 """
@@ -80,7 +88,7 @@ def _root_links() -> list[str]:
     return args
 
 
-def _bwrap_prefix(tmp_mb: int) -> list[str]:
+def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1) -> list[str]:
     bwrap = bwrap_binary()
     assert bwrap is not None
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_root_links()]
@@ -88,10 +96,12 @@ def _bwrap_prefix(tmp_mb: int) -> list[str]:
     if not base.startswith("/usr/"):
         args += ["--ro-bind", base, base]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
+    args += ["--size", str(shm_mb << 20), "--tmpfs", "/dev/shm"]
     for name in WORKER_FILES:
         if (HERE / name).exists():
             args += ["--ro-bind", str(HERE / name), f"{OPT}/{name}"]
     args += ["--ro-bind", str(Path(msgspec.__file__).resolve().parent), f"{OPT}/msgspec"]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # uncapped tmpfs otherwise
     return [*args, "--chdir", "/tmp", "--clearenv"]
 
 
@@ -109,7 +119,7 @@ def _unshare_prefix() -> list[str]:
 def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:
     lim = json.dumps(limits)
     if level == "bwrap":
-        return [*_bwrap_prefix(limits["tmp_mb"]), base_python(), "-I", "-S",
+        return [*_bwrap_prefix(limits["tmp_mb"], limits["shm_mb"]), base_python(), "-I", "-S",
                 f"{OPT}/worker.py", str(rfd), str(wfd), lim]  # fmt: skip
     cmd = [sys.executable, "-I", str(HERE / "worker.py"), str(rfd), str(wfd), lim]
     return [*_unshare_prefix(), *cmd] if level == "unshare" else cmd
@@ -185,7 +195,7 @@ def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | N
     workdir = None
     if level != "bwrap":
         workdir = tempfile.mkdtemp(prefix="spade-env-")
-        limits = {**limits, "workdir": workdir}
+        limits = {**limits, "workdir": workdir, "private_tmpfs": level == "unshare"}
     try:
         proc = subprocess.Popen(
             worker_command(level, req_r, rep_w, limits),

@@ -8,7 +8,13 @@ What it denies (EPERM unless noted), so environment code cannot:
   falls back to clone and threads still work) -> no fork bombs, no daemons, no subprocess;
 - signal anything but itself: kill/tgkill with another pid (kill(0) and -pgid stay out:
   the worker leads its own group), tkill, rt_(tg)sigqueueinfo, pidfd_send_signal;
-- trace or poke other processes: ptrace, process_vm_writev; change namespaces: unshare, setns.
+- trace or poke other processes: ptrace, process_vm_writev; change namespaces: unshare, setns,
+  clone with any CLONE_NEW* flag;
+- park memory outside the limits or change the filesystem: mount, umount2, pivot_root, chroot,
+  the new mount API (open_tree, move_mount, fsopen, fsconfig, fsmount, fspick,
+  mount_setattr), memfd_create, memfd_secret, System V shmget, POSIX mq_open (a mount made
+  inside the sandbox's user namespace, a memfd or a SysV segment is RAM that neither the
+  address-space limit nor a tmpfs size counts, and a SysV segment outlives the process).
 Wrong-architecture (i386/x32) syscalls kill the process.
 """
 
@@ -33,12 +39,23 @@ def _errno(code: int) -> int:
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 CLONE_THREAD = 0x00010000
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+CLONE_NEW_ANY = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+)
 NR = {
-    "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101,
-    "rt_sigqueueinfo": 129, "tkill": 200, "tgkill": 234, "unshare": 272,
-    "rt_tgsigqueueinfo": 297, "setns": 308, "process_vm_writev": 311,
-    "pidfd_send_signal": 424, "clone3": 435,
+    "shmget": 29, "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101,
+    "rt_sigqueueinfo": 129, "pivot_root": 155, "chroot": 161, "mount": 165, "umount2": 166,
+    "tkill": 200, "tgkill": 234, "mq_open": 240, "unshare": 272, "rt_tgsigqueueinfo": 297,
+    "setns": 308, "process_vm_writev": 311, "memfd_create": 319, "pidfd_send_signal": 424,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+    "fspick": 433, "clone3": 435, "mount_setattr": 442, "memfd_secret": 447,
 }  # fmt: skip
+DENIED = ("fork", "vfork", "ptrace", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+          "unshare", "setns", "process_vm_writev", "pidfd_send_signal", "shmget", "mq_open",
+          "pivot_root", "chroot", "mount", "umount2", "memfd_create", "open_tree",
+          "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+          "memfd_secret")  # fmt: skip
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data (little endian)
 
 
@@ -59,8 +76,6 @@ def _assemble(prog: list[tuple]) -> bytes:
 
 def build_filter(pid: int) -> bytes:
     eperm = _errno(errno.EPERM)
-    denied = ("fork", "vfork", "ptrace", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
-              "unshare", "setns", "process_vm_writev", "pidfd_send_signal")  # fmt: skip
     prog: list[tuple] = [
         (_LD_ABS, _OFF_ARCH),
         (_JEQ, AUDIT_ARCH_X86_64, "arch_ok", "kill"),
@@ -72,11 +87,12 @@ def build_filter(pid: int) -> bytes:
         (_JEQ, NR["kill"], "kill_sys", None),
         (_JEQ, NR["tgkill"], "tgkill", None),
     ]
-    prog += [(_JEQ, NR[name], "eperm", None) for name in denied]
+    prog += [(_JEQ, NR[name], "eperm", None) for name in DENIED]
     prog += [
         (_RET, ALLOW),
         ("label", "clone"),
         (_LD_ABS, _OFF_ARG0),
+        (_JSET, CLONE_NEW_ANY, "eperm", None),
         (_JSET, CLONE_THREAD, "allow", "eperm"),
         ("label", "kill_sys"),
         (_LD_ABS, _OFF_ARG0),
@@ -114,6 +130,24 @@ def install(pid: int) -> bool:
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
     return True
+
+
+def mount_tmpfs(target: str, size_bytes: int) -> bool:
+    """Mount a size-capped tmpfs on ``target`` (a private mount namespace only: used at the
+    ``unshare`` level, before the filter forbids mounts). False when it cannot."""
+    if platform.system() != "Linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    opts = f"size={size_bytes},mode=1777".encode()
+    return libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0x2 | 0x4, opts) == 0  # NOSUID|NODEV
+
+
+def remount_ro(target: str) -> bool:
+    """Make the mount at ``target`` read-only in this (private) mount namespace."""
+    if platform.system() != "Linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.mount(None, target.encode(), None, 32 | 4096 | 1, None) == 0  # REMOUNT|BIND|RDONLY
 
 
 def die_with_parent() -> None:

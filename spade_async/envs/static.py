@@ -75,16 +75,38 @@ def find_env_class(tree: ast.Module) -> str:
     return concrete[0]
 
 
+# the only part of the project inside the sandbox: the tool-use base class (worker.py maps
+# this import path to the injected class)
+SANDBOX_MODULES = frozenset(
+    {"tool_use", "spade_async", "spade_async.envs", "spade_async.envs.tool_use"}
+)
+
+
 def screen_imports(tree: ast.Module) -> list[str]:
-    """Warnings for imports outside the allowed standard-library set."""
-    mods = set()
+    """Warnings for imports outside the allowed standard-library set, and for project
+    modules other than the tool-use base class (they do not exist inside the sandbox)."""
+    mods, project = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            mods |= {a.name.split(".")[0] for a in node.names}
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            mods.add(node.module.split(".")[0])
+            names = [node.module]
+            if node.module in ("spade_async", "spade_async.envs"):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        mods |= {n.split(".")[0] for n in names}
+        project |= {n for n in names if n.split(".")[0] == "spade_async"} - SANDBOX_MODULES
+    warnings = []
     bad = sorted(mods - ALLOWED_IMPORTS)
-    if not bad:
-        return []
-    return [f"imports outside the allowed set: {', '.join(bad)} (environments are standard-library "
-            "only; the sandbox blocks processes, network and files)"]  # fmt: skip
+    if bad:
+        warnings.append(
+            f"imports outside the allowed set: {', '.join(bad)} (environments are "
+            "standard-library only; the sandbox blocks processes, network and files)"
+        )
+    if project:
+        warnings.append(
+            f"imports {', '.join(sorted(project))}, which the sandbox does not have (it fails at "
+            "load); only spade_async.envs.tool_use (ToolUseBaseEnv) is available there"
+        )
+    return warnings

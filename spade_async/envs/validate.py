@@ -1,9 +1,20 @@
 """The validation gates of ENV_CONTRACT.md, in order; the first failure classifies the file.
 
 syntax -> structure -> load -> reset -> step -> determinism -> not_done_at_reset ->
-feasibility, with the resource stages (timeout, memory, crash, output_too_large) reported
-whenever a call in any gate hits them. Everything untrusted runs in the pool's sandbox; the
-static checks here only parse. A misbehaving environment always yields a ``Verdict``.
+feasibility, with the resource stages (timeout, memory, crash, output_too_large, protocol)
+reported whenever a call in any gate hits them. Everything untrusted runs in the pool's
+sandbox; the static checks here only parse. A misbehaving environment always yields a
+``Verdict``.
+
+Gates a hostile environment cannot game. The checks use two worker PROCESSES, A and B,
+opened together (two fresh workers, so the second costs no extra wall time when the pool
+has pre-warmed ones): A takes reset/step/garbage; determinism compares first observations
+and a replayed trajectory between A and B (an environment salted per process differs);
+only then does A run ``solution()``, and its actions are replayed for feasibility in B,
+which never ran ``solution()`` (a ``solution()`` with side effects cannot make its own
+replay win), and then once more in A: a divergence means nondeterminism or a
+``solution()`` that changed the game. The reported class is the one the static stage
+found, loaded by that name; every value came through the parent's checks (replies.py).
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ import anyio
 import msgspec
 
 from spade_async.config import Doc
-from spade_async.envs.pool import EnvError, EnvPool, Instance, PoolConfig, source_id
+from spade_async.envs.pool import EnvError, EnvPool, Instance, PoolConfig
+from spade_async.envs.replies import clean_text
 from spade_async.envs.static import StructureError, find_env_class, screen_imports
 from spade_async.errors import UsageError
 
@@ -33,9 +45,10 @@ __all__ = [
 ]
 
 STAGES = ("syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
-          "feasibility", "timeout", "memory", "crash", "output_too_large")  # fmt: skip
+          "feasibility", "timeout", "memory", "crash", "output_too_large", "protocol")  # fmt: skip
 _RESOURCE = {"timeout": "timeout", "memory": "memory", "crash": "crash", "lost": "crash",
-             "output_too_large": "output_too_large", "structure": "structure"}  # fmt: skip
+             "output_too_large": "output_too_large", "structure": "structure",
+             "protocol": "protocol"}  # fmt: skip
 
 
 class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,30 +99,54 @@ def solution_actions(value: str | list[str]) -> list[str] | None:
 
 class _Gates:
     def __init__(
-        self, pool: EnvPool, source: str, seeds: tuple[int, ...], cfg: ValidateConfig
-    ) -> None:
+        self, pool: EnvPool, source: str, seeds: tuple[int, ...], cfg: ValidateConfig,
+        env_class: str,
+    ) -> None:  # fmt: skip
         self.pool, self.source, self.seeds, self.cfg = pool, source, seeds, cfg
-        self.env_id = f"check-{source_id(source)}-{uuid.uuid4().hex[:8]}"
+        # random ids (no "check" marker an environment could look for): two fresh workers
+        self.env_ids = (uuid.uuid4().hex[:16], uuid.uuid4().hex[:16])
         self.stage = "load"
-        self.env_class: str | None = None
+        self.env_class = env_class  # the static stage's answer, never the worker's
         self.multi_turn: bool | None = None
         self.feasibility: str | None = None
+
+    def _classify(self, exc: EnvError) -> Exception:
+        if exc.kind in _RESOURCE:
+            return _Reject(_RESOURCE[exc.kind], f"during {self.stage}: {exc.message}")
+        if exc.kind in ("busy", "boot"):
+            return exc
+        feas = "failed" if self.stage == "feasibility" else None
+        return _Reject(self.stage, f"{exc.kind}: {exc.message}", feas)
 
     async def call(self, coro):
         try:
             return await coro
         except EnvError as exc:
-            if exc.kind in _RESOURCE:
-                raise _Reject(_RESOURCE[exc.kind], f"during {self.stage}: {exc.message}") from None
-            if exc.kind in ("busy", "boot"):
-                raise
-            feas = "failed" if self.stage == "feasibility" else None
-            raise _Reject(self.stage, f"{exc.kind}: {exc.message}", feas) from None
+            raise self._classify(exc) from None
 
-    async def open(self) -> Instance:
-        inst = await self.call(self.pool.open(self.source, env_id=self.env_id))
-        self.env_class = inst.env_class
-        return inst
+    async def open_pair(self) -> tuple[Instance, Instance]:
+        """Instances in two separate worker processes, opened concurrently."""
+        out: dict[int, Instance | EnvError] = {}
+        try:
+            await self.pool.reserve(*self.env_ids)  # both boot at once
+        except EnvError as exc:
+            raise self._classify(exc) from None
+
+        async def one(i: int) -> None:
+            try:
+                out[i] = await self.pool.open(
+                    self.source, env_id=self.env_ids[i], env_class=self.env_class
+                )
+            except EnvError as exc:
+                out[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)
+            tg.start_soon(one, 1)
+        for i in (0, 1):
+            if isinstance(out[i], EnvError):
+                raise self._classify(out[i])
+        return out[0], out[1]
 
     async def episode(self, inst: Instance, seed: int, actions: list[str]) -> list[tuple]:
         """Reset and play ``actions`` until the episode ends; the (obs, r, term, trunc) trace."""
@@ -123,7 +160,7 @@ class _Gates:
         return trace
 
     async def run(self) -> None:
-        a = await self.open()
+        a, b = await self.open_pair()
         self.stage = "reset"
         for seed in self.seeds:
             obs, _ = await self.call(self.pool.reset(a, seed))
@@ -136,20 +173,10 @@ class _Gates:
                 trace = await self.episode(a, seed, [action])
                 garbage.append((seed, action, trace[1]))
         self.stage = "determinism"
-        sol = await self.try_solution(a)
-        b = await self.open()
-        actions = (sol or []) + list(self.cfg.garbage_actions)
+        probe = list(self.cfg.garbage_actions)
         for seed in self.seeds:
-            ta, tb = await self.episode(a, seed, actions), await self.episode(b, seed, actions)
-            if ta[0] != tb[0]:
-                raise _Reject(
-                    "determinism",
-                    f"two instances reset with seed {seed} show different first observations",
-                )
-            if ta != tb:
-                i = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
-                raise _Reject("determinism", f"seed {seed}: the same actions diverge at step {i}")
-        await self.pool.close(b)
+            ta, tb = await self.episode(a, seed, probe), await self.episode(b, seed, probe)
+            self.same(seed, ta, tb, "")
         self.stage = "not_done_at_reset"
         thr = self.cfg.success_threshold
         for seed, action, (_, reward, term, _) in garbage:
@@ -160,29 +187,48 @@ class _Gates:
                 )
         self.multi_turn = any(not term for _, _, (_, _, term, _) in garbage)
         self.stage = "feasibility"
-        await self.feasible(a)
+        await self.feasible(a, b)
         if self.cfg.require_multi_turn and not self.multi_turn:
             raise _Reject("multi_turn", "the episode is solved in one action; it needs several")
 
-    async def try_solution(self, inst: Instance) -> list[str] | None:
-        try:
-            return solution_actions(await self.pool.solution(inst))
-        except EnvError as exc:
-            if exc.kind in _RESOURCE:
-                raise _Reject(_RESOURCE[exc.kind], f"during solution(): {exc.message}") from None
-            return None  # reported by the feasibility gate
+    @staticmethod
+    def same(seed: int, ta: list[tuple], tb: list[tuple], what: str) -> None:
+        if ta[0] != tb[0]:
+            raise _Reject(
+                "determinism",
+                f"seed {seed}: two worker processes show different first observations",
+            )
+        if ta != tb:
+            i = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+            raise _Reject(
+                "determinism",
+                f"seed {seed}: the same actions{what} diverge at step {i} in two worker processes",
+            )
 
-    async def feasible(self, inst: Instance) -> None:
-        steps_needed = []
-        for seed in self.seeds:
-            await self.call(self.pool.reset(inst, seed))
-            actions = solution_actions(await self.call(self.pool.solution(inst)))
+    async def second_opinion(self, seed: int, actions: list[str], trace: list[tuple]) -> None:
+        """A failed replay, once more in a third fresh worker (only on this failure path):
+        the same failure there is infeasibility; a different game is nondeterminism."""
+        await self.pool.release(self.env_ids[1])  # B is done: its slot goes to C
+        env_id = uuid.uuid4().hex[:16]
+        self.env_ids += (env_id,)  # released with the others
+        c = await self.call(self.pool.open(self.source, env_id=env_id, env_class=self.env_class))
+        self.same(seed, await self.episode(c, seed, actions), trace, " of solution()")
+
+    async def feasible(self, a: Instance, b: Instance) -> None:
+        plans: dict[int, list[str]] = {}
+        for seed in self.seeds:  # solution() runs in A only
+            await self.call(self.pool.reset(a, seed))
+            actions = solution_actions(await self.call(self.pool.solution(a)))
             if actions is None:
                 self.feasibility = "unverified"
                 return
-            trace = await self.episode(inst, seed, actions)
+            plans[seed] = actions
+        steps_needed = []
+        for seed, actions in plans.items():  # replayed in B, which never ran solution()
+            trace = await self.episode(b, seed, actions)
             last = trace[-1]
             if len(trace) < 2 or not last[2] or last[1] < self.cfg.success_threshold:
+                await self.second_opinion(seed, actions, trace)
                 end = (
                     "no step"
                     if len(trace) < 2
@@ -190,10 +236,13 @@ class _Gates:
                 )
                 raise _Reject(
                     "feasibility",
-                    f"seed {seed}: replaying solution() ({len(actions)} actions) ends with {end}",
+                    f"seed {seed}: replaying solution() ({len(actions)} actions) in a fresh "
+                    f"worker ends with {end}",
                     "failed",
                 )
             steps_needed.append(len(trace) - 1)
+            # the same replay in A (which ran solution()) must be the same game
+            self.same(seed, await self.episode(a, seed, actions), trace, " of solution()")
         self.feasibility = "proven"
         self.multi_turn = max(steps_needed) >= 2  # some seed needs several actions
 
@@ -203,6 +252,11 @@ async def validate_source(
     config: ValidateConfig | None = None,
 ) -> Verdict:  # fmt: skip
     """Run every gate on ``source`` in ``pool``'s sandbox. Never raises for a bad environment."""
+    if pool.config.max_workers < 2:
+        raise UsageError(
+            f"envs.max_workers = {pool.config.max_workers}: the validation gates compare two "
+            "worker processes; set envs.max_workers to 2 or more"
+        )
     t0 = time.perf_counter()
     cfg = config or ValidateConfig()
     seeds = tuple(seeds) or (0,)
@@ -224,12 +278,13 @@ async def validate_source(
             raise _Reject("syntax", f"{where}{getattr(exc, 'msg', None) or exc}") from None
         env_class = find_env_class(tree)  # StructureError with the reason
         warnings += screen_imports(tree)
-        gates = _Gates(pool, source, seeds, cfg)
+        gates = _Gates(pool, source, seeds, cfg, env_class)
         try:
             await gates.run()
         finally:
             with anyio.CancelScope(shield=True):
-                await pool.release(gates.env_id)
+                for env_id in gates.env_ids:
+                    await pool.release(env_id)
         stage, valid, reason = "ok", True, _ok_reason(gates, seeds)
         feas = gates.feasibility
     except _Reject as rej:
@@ -238,8 +293,7 @@ async def validate_source(
     except StructureError as exc:
         stage, valid, reason, feas, env_class = "structure", False, str(exc), None, None
     return Verdict(
-        valid=valid, stage=stage, reason=reason,
-        env_class=(gates.env_class if gates and gates.env_class else env_class),
+        valid=valid, stage=stage, reason=clean_text(reason, 4000), env_class=env_class,
         multi_turn=gates.multi_turn if gates else None, feasibility=feas,
         isolation=pool.isolation, seconds=round(time.perf_counter() - t0, 4), warnings=warnings,
     )  # fmt: skip
@@ -278,7 +332,7 @@ def check_file(
 ) -> Verdict:  # fmt: skip
     """Synchronous one-shot check of a file in a pool of its own."""
     source = read_source(path)
-    pc = pool_config or PoolConfig(prewarm=0, max_workers=2)
+    pc = pool_config or PoolConfig(prewarm=0, max_workers=2)  # the two gate workers boot together
 
     async def go() -> Verdict:
         async with EnvPool(pc) as pool:

@@ -52,6 +52,16 @@ INJECTED.update(
 )
 if ToolUseBaseEnv is not None:
     INJECTED["ToolUseBaseEnv"] = ToolUseBaseEnv
+    # the documented import path, ``from spade_async.envs.tool_use import ToolUseBaseEnv``,
+    # maps to the same class: the project itself is not inside the sandbox
+    import tool_use as _tool_use  # noqa: E402
+
+    for _name in ("spade_async", "spade_async.envs"):
+        sys.modules[_name] = types.ModuleType(_name)
+        sys.modules[_name].__path__ = []
+    sys.modules["spade_async.envs.tool_use"] = _tool_use
+    sys.modules["spade_async"].envs = sys.modules["spade_async.envs"]
+    sys.modules["spade_async.envs"].tool_use = _tool_use
 
 
 SOURCE_NAME = "<environment>"
@@ -88,31 +98,33 @@ class Worker:
         self.decoder = msgspec.msgpack.Decoder(P.Request)
         self.env_id: str | None = None
         self.env_cls: type | None = None
+        self.env_name = ""
         self.instances: dict[int, object] = {}
         self.buf = bytearray()
 
     # --- framing ---------------------------------------------------------------------
-    def read_frame(self) -> bytes | None:
+    def read_frame(self) -> tuple[int, bytes] | None:
+        h = P.HEADER.size
         while True:
-            if len(self.buf) >= 4:
-                (n,) = P.HEADER.unpack_from(self.buf)
-                if len(self.buf) >= 4 + n:
-                    data = bytes(self.buf[4 : 4 + n])
-                    del self.buf[: 4 + n]
-                    return data
+            if len(self.buf) >= h:
+                n, seq = P.HEADER.unpack_from(self.buf)
+                if len(self.buf) >= h + n:
+                    data = bytes(self.buf[h : h + n])
+                    del self.buf[: h + n]
+                    return seq, data
             chunk = os.read(self.rfd, 1 << 20)
             if not chunk:
                 return None
             self.buf += chunk
 
-    def send(self, msg: object) -> None:
-        data = memoryview(P.frame(self.encoder.encode(msg)))
+    def send(self, msg: object, seq: int) -> None:
+        data = memoryview(P.frame(self.encoder.encode(msg), seq))
         while data:
             data = data[os.write(self.wfd, data) :]
 
     # --- checks ----------------------------------------------------------------------
     def obs(self, value: object, where: str) -> str:
-        if not isinstance(value, str):
+        if type(value) is not str:  # exact: a subclass can lie about its length
             raise Fail("contract", f"{where} observation is {type(value).__name__}, expected str")
         if len(value) > self.limits["max_obs_chars"]:
             raise Fail(
@@ -134,35 +146,45 @@ class Worker:
         return self.builtins(value, f"{where} info", self.limits["max_info_bytes"])
 
     # --- handlers --------------------------------------------------------------------
-    def load(self, env_id: str, source: str) -> None:
+    def load(self, env_id: str, source: str, wanted: str = "") -> None:
         module = types.ModuleType("env_module")
         module.__dict__.update(INJECTED)
         sys.modules["env_module"] = module
         linecache.cache[SOURCE_NAME] = (len(source), None, source.splitlines(True), SOURCE_NAME)
         exec(compile(source, SOURCE_NAME, "exec"), module.__dict__)  # noqa: S102
+        if wanted:  # the class the static stage found, by its module-level name
+            cls = module.__dict__.get(wanted)
+            if not isinstance(cls, type) or not all(
+                callable(getattr(cls, m, None)) for m in ("reset", "step")
+            ):
+                raise Fail("structure", f"after loading, {wanted} is not a class with reset/step")
+            self.env_id, self.env_cls, self.env_name = env_id, cls, wanted
+            return
         cands = [
-            v
+            (k, v)
             for k, v in module.__dict__.items()
             if isinstance(v, type) and k.endswith("Env") and v.__module__ == "env_module"
             and callable(getattr(v, "reset", None)) and callable(getattr(v, "step", None))
         ]  # fmt: skip
-        cands = [c for c in cands if not any(o is not c and issubclass(o, c) for o in cands)]
+        cands = [
+            (k, c) for k, c in cands if not any(o is not c and issubclass(o, c) for _, o in cands)
+        ]
         if len(cands) != 1:
-            names = ", ".join(c.__name__ for c in cands) or "none"
+            names = ", ".join(k for k, _ in cands) or "none"
             raise Fail(
                 "structure",
                 f"expected exactly one class named ...Env with reset() and step(), found {names}",
             )
-        self.env_id, self.env_cls = env_id, cands[0]
+        self.env_id, (self.env_name, self.env_cls) = env_id, cands[0]
 
     def handle(self, msg: object) -> object:
         if isinstance(msg, P.Open):
             if self.env_cls is None:
-                self.load(msg.env_id, msg.source)
+                self.load(msg.env_id, msg.source, msg.env_class)
             elif msg.env_id != self.env_id:
                 raise Fail("contract", f"worker holds env {self.env_id}, not {msg.env_id}")
             self.instances[msg.instance] = self.env_cls(**msg.kwargs)
-            return P.Opened(self.env_cls.__name__)
+            return P.Opened(self.env_name)
         env = self.instances.get(msg.instance)
         if env is None:
             raise Fail("lost", f"no instance {msg.instance} in this worker")
@@ -172,14 +194,15 @@ class Worker:
                 n = len(out) if isinstance(out, tuple | list) else type(out).__name__
                 raise Fail("contract", f"step() returned {n}, expected a 5-tuple")
             obs, reward, term, trunc, info = out
-            if isinstance(reward, bool) or not isinstance(reward, int | float):
+            if type(reward) not in (int, float):  # exact: a subclass can lie to conversions
                 raise Fail("contract", f"step() reward is {type(reward).__name__}, expected float")
-            if not -10.0 <= float(reward) <= 10.0:  # also rejects NaN
+            reward = float(reward)  # converted ONCE: the value checked is the value sent
+            if not -10.0 <= reward <= 10.0:  # also rejects NaN (the parent checks again)
                 raise Fail("contract", f"step() reward {reward!r} is outside [-10, 10]")
             if not isinstance(term, bool) or not isinstance(trunc, bool):
                 kinds = f"{type(term).__name__}, {type(trunc).__name__}"
                 raise Fail("contract", f"step() terminated/truncated are {kinds}, expected bool")
-            return P.StepOk(self.obs(obs, "step()"), float(reward), term, trunc,
+            return P.StepOk(self.obs(obs, "step()"), reward, term, trunc,
                             self.info(info, "step()"))  # fmt: skip
         if isinstance(msg, P.Reset):
             out = env.reset(seed=msg.seed)
@@ -209,7 +232,8 @@ class Worker:
         raise Fail("contract", f"unknown request {type(msg).__name__}")
 
     def serve(self) -> None:
-        while (data := self.read_frame()) is not None:
+        while (got := self.read_frame()) is not None:
+            seq, data = got
             try:
                 reply = self.handle(self.decoder.decode(data))
             except Fail as exc:
@@ -223,11 +247,11 @@ class Worker:
             except BaseException as exc:  # noqa: BLE001 - environment failures are data
                 reply = P.Err("exception", describe(exc))
             try:
-                self.send(reply)
+                self.send(reply, seq)
             except MemoryError:
-                self.send(P.Err("memory", "MemoryError while encoding the reply"))
+                self.send(P.Err("memory", "MemoryError while encoding the reply"), seq)
             except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-                self.send(P.Err("contract", f"reply not encodable: {exc}"))
+                self.send(P.Err("contract", f"reply not encodable: {exc}"), seq)
 
 
 def describe(exc: BaseException) -> str:
@@ -274,14 +298,25 @@ def main(argv: list[str]) -> None:
     seccomp.die_with_parent()  # our parent: the pool (rlimit), unshare, or bwrap's init
     stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
-    if limits.get("workdir"):
-        os.chdir(limits["workdir"])
+    workdir = limits.get("workdir")
+    if limits.get("private_tmpfs"):  # unshare level: our own mount namespace
+        # the usual RAM-backed places become capped tmpfs, the root and /dev read-only;
+        # other mounts of the host stay as they are (this level hides no files)
+        for target in ("/", "/dev"):
+            seccomp.remount_ro(target)
+        for target, mb in (("/tmp", limits["tmp_mb"]), ("/dev/shm", limits["shm_mb"]),
+                           ("/run", 1), ("/var/tmp", 1)):  # fmt: skip
+            if os.path.isdir(target) and seccomp.mount_tmpfs(target, mb << 20) and target == "/tmp":
+                workdir = "/tmp"  # private: the same path in every worker, as under bwrap
+        os.makedirs(workdir, exist_ok=True)
+    if workdir:
+        os.chdir(workdir)
     os.environ.clear()
-    os.environ["TMPDIR"] = limits.get("workdir") or "/tmp"
+    os.environ["TMPDIR"] = workdir or "/tmp"
     apply_limits(limits)
     filtered = seccomp.install(os.getpid()) if limits["deny_fork"] else False
     worker = Worker(rfd, wfd, limits)
-    worker.send(P.Ready(os.getpid(), filtered))
+    worker.send(P.Ready(os.getpid(), filtered), 0)
     worker.serve()
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from spade_async.trainer import exports
 from spade_async.trainer.client import TrainerClient, TrainerDied
 from spade_async.trainer.config import TrainerConfig
 
@@ -72,6 +73,7 @@ class TrainerProcess:
 
     def start(self) -> TrainerClient:
         """Launch and return a connected client once rank 0 answers a ping."""
+        exports.sweep()  # weight exports of trainers that died earlier (crash, kill -9)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
@@ -132,9 +134,11 @@ class TrainerProcess:
             except TrainerDied:
                 pass
         try:
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return self.kill()
+        exports.sweep()  # its weight export in /dev/shm goes with it
+        return code
 
     def kill(self) -> int | None:
         if self.proc is None:
@@ -152,6 +156,7 @@ class TrainerProcess:
                 continue
         if self.client is not None:
             self.client.close()
+        exports.sweep()  # its weight export in /dev/shm goes with it (crash or not)
         return self.proc.poll()
 
     def __enter__(self) -> TrainerClient:

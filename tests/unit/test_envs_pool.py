@@ -283,7 +283,53 @@ CounterEnv.step = _step
     await pool.reset(bad, 0)
     with pytest.raises(EnvError) as err:
         await pool.step(bad, "x")
-    assert err.value.kind == "crash" and "corrupt reply frame" in err.value.message
+    assert err.value.kind == "protocol" and "reply frame numbered" in err.value.message
+    await wait_gone(bad.worker.tag)
+    await pool.reset(good, 0)
+    assert (await pool.step(good, "x"))[0] == "n=1"
+    await pool.close(good)
+
+
+def _step_ok(reward: bytes = b"\xcb" + bytes(8), info: bytes = b"\x80") -> bytes:
+    """A StepOk frame body written by hand: [tag, obs 'x', reward, False, False, info]."""
+    return b"\x96\xa7step_ok\xa1x" + reward + b"\xc2\xc2" + info
+
+
+# raw reply body -> (kind the parent reports, words of its reason)
+RAW_REPLIES = {
+    "nested": (_step_ok(info=b"\x81\xa1k" + b"\x91" * 200_000 + b"\xc0"), "protocol", "corrupt"),
+    "ext": (_step_ok(info=b"\x81\xa1k\xd4\x05\x00"), "protocol", "extension type 5"),
+    "timestamp": (_step_ok(info=b"\x81\xa1k\xd6\xff\x00\x00\x00\x01"), "contract", "datetime"),
+    "nan": (_step_ok(reward=b"\xcb\x7f\xf8" + bytes(6)), "contract", "outside [-10, 10]"),
+    "huge": (_step_ok(reward=b"\xcb\xc1\x2e\x84\x80" + bytes(4)), "contract", "-1000000.0"),
+    "wrong_type": (b"\x92\xa6opened\xaaCounterEnv", "protocol", "Opened answered Step"),
+    "bad_err_kind": (b"\x93\xa3err\xa7timeout\xa1x", "protocol", "kind 'timeout'"),
+}
+
+
+@pytest.mark.parametrize("case", list(RAW_REPLIES))
+async def test_the_parent_refuses_replies_the_worker_never_checked(pool, case):
+    """The environment replaces the worker's send(): whatever bytes it puts on the wire,
+    the parent checks them itself, reports why, and kills that worker only."""
+    raw, kind, words = RAW_REPLIES[case]
+    patch = f"""
+import os, sys
+_W, _P = sys.modules["__main__"].Worker, sys.modules["protocol"]
+_send = _W.send
+def _raw_send(self, msg, seq):
+    if isinstance(msg, (_P.StepOk, _P.Err)) and not getattr(self, "_raw_sent", False):
+        self._raw_sent = True
+        payload = bytes.fromhex("{raw.hex()}")
+        os.write(self.wfd, _P.HEADER.pack(len(payload), seq) + payload)
+    else:
+        _send(self, msg, seq)
+_W.send = _raw_send
+"""
+    bad, good = await pool.open(variant(f"raw-{case}", patch)), await pool.open(variant("Z"))
+    await pool.reset(bad, 0)
+    with pytest.raises(EnvError) as err:
+        await pool.step(bad, "x")
+    assert err.value.kind == kind and words in err.value.message, err.value
     await wait_gone(bad.worker.tag)
     await pool.reset(good, 0)
     assert (await pool.step(good, "x"))[0] == "n=1"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from spade_async.envs.examples import HERE as EXAMPLES
 from spade_async.envs.pool import EnvPool, PoolConfig
 from spade_async.envs.validate import ValidateConfig, solution_actions, validate_source
 
@@ -168,3 +169,74 @@ async def test_pool_survives_all_rejections(pool):
 async def test_invalid_unicode_source_is_a_verdict(pool):
     v = await validate_source(GOOD + "\n# \udcff\n", pool=pool)
     assert (v.valid, v.stage) == (False, "syntax") and "Unicode" in v.reason
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from spade_async.envs.tool_use import ToolUseBaseEnv",
+        "from spade_async.envs import tool_use\nToolUseBaseEnv = tool_use.ToolUseBaseEnv",
+        "import spade_async.envs.tool_use as tu\nToolUseBaseEnv = tu.ToolUseBaseEnv",
+    ],
+)
+async def test_tool_use_base_imported_the_documented_way(pool, line):
+    """The documented import path maps to the class the sandbox injects."""
+    source = (EXAMPLES / "order_ledger_tool.py").read_text()
+    v = await validate_source(line + "\n" + source, pool=pool)
+    assert (v.valid, v.stage, v.warnings) == (True, "ok", []), v.reason
+
+
+async def test_other_project_imports_are_warned_about_and_fail_at_load(pool):
+    v = await validate_source("from spade_async.trainer import rpc\n" + GOOD, pool=pool)
+    assert (v.valid, v.stage) == (False, "load")
+    assert any("spade_async.trainer" in w and "does not have" in w for w in v.warnings)
+
+
+async def test_reported_class_is_the_static_one(pool):
+    renamed = patched("GuessEnv.__name__ = GuessEnv.__qualname__ = 'Other\\nVALID'")
+    v = await validate_source(renamed, pool=pool)
+    assert (v.valid, v.env_class) == (True, "GuessEnv")
+
+
+async def test_salt_per_process_fails_determinism_across_workers(pool):
+    """The salt never shows in the first observation nor on garbage actions, only when the
+    solution (a binary search over 2**20 numbers) is replayed in other processes, whose hints
+    then differ (they name the hidden number mod 9973: equal by chance 1 time in 9973)."""
+    salted = (
+        GOOD.replace("import random, re", "import random, re, os\n_S = os.urandom(8)")
+        .replace("random.Random(seed)", "random.Random(str(seed) + _S.hex())")
+        .replace("randint(1, 16)", "randint(1, 1 << 20)")
+        .replace("lo, hi, moves = 1, 16, []", "lo, hi, moves = 1, 1 << 20, []")
+        .replace("max_turns: int = 10", "max_turns: int = 40")
+        .replace("go {hint}.", "go {hint} (check {self.target % 9973}).")
+    )
+    assert salted.count("1 << 20") == 2 and "_S.hex()" in salted and "9973" in salted
+    v = await validate_source(salted, pool=pool)
+    assert (v.valid, v.stage) == (False, "determinism")
+    assert "two worker processes" in v.reason
+
+
+async def test_solution_side_effects_do_not_prove_feasibility(pool):
+    cheat = patched(
+        "_orig_step = GuessEnv.step\n"
+        "WON = []\n"
+        "def _step(self, action):\n"
+        "    if WON and 'boxed{99}' in action:\n"
+        "        return 'ok', 1.0, True, False, {}\n"
+        "    return _orig_step(self, action)\n"
+        "def _solution(self):\n"
+        "    WON.append(1)\n"
+        "    return ['\\\\boxed{99}']\n"
+        "GuessEnv.step, GuessEnv.solution = _step, _solution\n"
+    )
+    v = await validate_source(cheat, pool=pool)
+    assert (v.valid, v.stage, v.feasibility) == (False, "feasibility", "failed"), v.reason
+    assert "fresh worker" in v.reason
+
+
+async def test_one_worker_is_a_usage_error_not_a_hang():
+    from spade_async.errors import UsageError
+
+    async with EnvPool(PoolConfig(max_workers=1, prewarm=0)) as one:
+        with pytest.raises(UsageError, match="max_workers"):
+            await validate_source(GOOD, pool=one)
