@@ -249,6 +249,16 @@ def check_devices(cfg: Config, visible: Iterable[int] | None = None, source: str
             f"({source or 'given'}): edit engine.gpus / placement.trainer_gpus, "
             "or inspect the plan with --dry-run"
         )
+    check_attention(cfg)
+
+
+def check_attention(cfg: Config) -> None:
+    """trainer.attn_implementation = 'flash_attention_2' without FA2 here: one line, exit 2."""
+    if cfg.trainer.attn_implementation != "flash_attention_2":
+        return  # no torch import for the usual case
+    from spade_async.trainer.model import check_attention as check
+
+    check(cfg.trainer.attn_implementation, on_gpu=bool(cfg.placement.trainer_gpus))
 
 
 def trainer_process(
@@ -372,6 +382,7 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
     resumed = rd.latest_checkpoint() if rd.exists() else None
     if resumed is not None:
         load, engine_model = str(resumed[1]), rd.hf if rd.hf.is_dir() else model_dir
+    check_attention(cfg)
     visible, source = visible_gpus()
     missing = missing_gpus(cfg, visible)
     if missing:
