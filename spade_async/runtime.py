@@ -177,10 +177,18 @@ def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
     from spade_async.placement import push_mode
 
     mode = push_mode(cfg)
+    # the engines' weight dtype: the CPU engine's own, else SGLang's --dtype (auto: '')
+    extra = cfg.engine.extra_args
+    dtype = cfg.engine.dtype if cfg.engine.kind == "cpu" else ""
+    for i, arg in enumerate(extra):
+        if arg == "--dtype" and i + 1 < len(extra):
+            dtype = extra[i + 1]
+        elif arg.startswith("--dtype="):
+            dtype = arg.split("=", 1)[1]
     if mode == "disk":
-        return {"engines": list(urls), "mode": mode}
+        return {"engines": list(urls), "mode": mode, "dtype": dtype}
     engines = [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
-    kw: dict[str, Any] = {"engines": engines, "mode": mode}
+    kw: dict[str, Any] = {"engines": engines, "mode": mode, "dtype": dtype}
     if mode == "distributed":
         kw.update(master_address="127.0.0.1", master_port=free_port())
     return kw

@@ -64,6 +64,8 @@ class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     bucket_bytes: int = 512 << 20
     # pause the engines around the engine-side update ('' = no pause: nothing in flight)
     pause_mode: Literal["", "in_place", "abort", "retract"] = ""
+    # the engine's weight dtype ('' = what SGLang's --dtype auto serves; see stream.py)
+    dtype: str = ""
 
 
 class Save(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -3,7 +3,7 @@
 Three paths, one per engine placement (every rank calls ``push_weights``; only rank 0 talks
 HTTP):
 
-- ``disk`` (CPU engine, or any SGLang): export HF safetensors into a shared-memory (or temp)
+- ``disk`` (CPU engine, or any SGLang): export HF safetensors (streamed shards) into a shared-memory (or temp)
   directory, ``POST /update_weights_from_disk {"model_path", "weight_version"}``, then
   ``GET /get_weight_version`` must return the trainer's version. The previous export is
   removed once every engine has moved on.
@@ -21,6 +21,10 @@ before, while they keep generating) and continues them after (``/continue_genera
 ``stats["paused_s"]`` reports how long. Paused ``in_place``, running requests keep their KV
 cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then).
 
+Every path sends the weights in the engine's dtype (``PushWeights.dtype``; '' = what the
+engine serves, see ``stream.engine_dtype``), one bucket of full tensors at a time, each cast
+on its shard before the all-gather: never an fp32 copy of the whole model (stream.py).
+
 The GPU paths follow SGLang's documented HTTP API and are contract-tested on CPU (the
 requests they send, with fake transports); they have not been run against a GPU here.
 Side effects: importing SGLang (GPU paths only) sets multiprocessing to spawn.
@@ -34,14 +38,20 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import torch
 
 from spade_async.errors import SpadeError
-from spade_async.trainer.checkpoint import PREFIX, export_hf
+from spade_async.trainer.stream import (
+    DISK_SHARD_BYTES,
+    bucketed,
+    buckets,
+    engine_dtype,
+    export_safetensors,
+)
 
 __all__ = [
     "WeightPushError",
@@ -110,10 +120,13 @@ def push_disk(
     transport: httpx.BaseTransport | None = None,
     pause_mode: str = "",
     stats: dict | None = None,
+    dtype: str = "",
 ) -> dict[str, str]:
     root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"v{trainer.version}"
-    export_hf(trainer, target)  # engines keep generating meanwhile
+    # engines keep generating meanwhile; the export is in their dtype, one shard at a time
+    as_dtype = engine_dtype(trainer.model_dir, dtype, sglang_auto=False)
+    export_safetensors(trainer, target, as_dtype, DISK_SHARD_BYTES)
     if trainer.rank != 0:
         return {}
     out = {}
@@ -130,30 +143,6 @@ def push_disk(
         if old != target:
             shutil.rmtree(old, ignore_errors=True)
     return out
-
-
-def _named_full_tensors(trainer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) on every rank, one parameter at a time (FSDP all-gather)."""
-    tied = getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False)
-    for name, p in trainer.model.named_parameters():
-        hf = name.removeprefix(PREFIX)
-        if tied and hf == "lm_head.weight":
-            continue
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        yield hf, full.detach()
-
-
-def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int):
-    bucket, size = [], 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -173,12 +162,13 @@ def push_distributed(
     timeout: float = 300.0,
     pause_mode: str = "",
     stats: dict | None = None,
+    dtype: str = "",
 ) -> dict[str, str]:
     """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU."""
     version = str(trainer.version)
-    named = _named_full_tensors(trainer)
+    chunks = bucketed(trainer, engine_dtype(trainer.model_dir, dtype), bucket_bytes)
     if trainer.rank != 0:
-        for _ in named:  # take part in the all-gathers
+        for _ in chunks:  # take part in the all-gathers
             pass
         return {}
     world = 1 + sum(e["tp_size"] for e in engines)
@@ -208,7 +198,7 @@ def push_distributed(
         flush = pause_mode != "in_place"
         # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
         with _paused(client, [e["url"] for e in engines], pause_mode, stats):
-            for chunk, last in _with_last(buckets(named, bucket_bytes)):
+            for chunk, last in _with_last(chunks):
                 body = {
                     "names": [n for n, _ in chunk],
                     "dtypes": [_dtype_name(t) for _, t in chunk],
@@ -265,11 +255,12 @@ def push_tensor(
     timeout: float = 300.0,
     pause_mode: str = "",
     stats: dict | None = None,
+    dtype: str = "",
 ) -> dict[str, str]:
     """Colocated: ``engines`` [{"url", "tp_size"}] share this GPU; tensors go as IPC handles."""
-    named = _named_full_tensors(trainer)
+    chunks = bucketed(trainer, engine_dtype(trainer.model_dir, dtype), bucket_bytes)
     if trainer.rank != 0:
-        for _ in named:
+        for _ in chunks:
             pass
         return {}
     ser = serialize or _sglang_serialize
@@ -278,7 +269,7 @@ def push_tensor(
         httpx.Client(timeout=timeout, transport=transport) as client,
         _paused(client, [e["url"] for e in engines], pause_mode, stats),
     ):
-        for chunk, last in _with_last(buckets(named, bucket_bytes)):
+        for chunk, last in _with_last(chunks):
             payload = ser(chunk)
             for e in engines:
                 body = {
@@ -299,7 +290,7 @@ def _sglang_serialize(chunk: list[tuple[str, torch.Tensor]]) -> str:
 def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
     """Dispatch an rpc.PushWeights; returns {engine URL: reported version} on rank 0."""
     timeout = trainer.cfg.push_timeout_s
-    common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats}
+    common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats, "dtype": req.dtype}
     if req.mode == "disk":
         return push_disk(trainer, req.engines, shm_dir=req.shm_dir, **common)
     engines = [
