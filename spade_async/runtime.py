@@ -188,6 +188,9 @@ def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
     if mode == "disk":
         return {"engines": list(urls), "mode": mode, "dtype": dtype}
     engines = [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
+    if mode == "tensor":  # CUDA IPC: each TP rank gets handles from the trainer rank on its GPU
+        gpus = [",".join(map(str, g)) for g in cfg.engine.gpus]
+        engines = [f"{e};gpus={g}" for e, g in zip(engines, gpus, strict=True)]
     kw: dict[str, Any] = {"engines": engines, "mode": mode, "dtype": dtype}
     if mode == "distributed":
         kw.update(master_address="127.0.0.1", master_port=free_port())

@@ -13,7 +13,8 @@ HTTP):
   /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
   "flush_cache", "weight_version"}`` in a thread while rank 0 broadcasts each tensor.
 - ``tensor`` (SGLang colocated on the same GPUs): per bucket, CUDA IPC handles serialised
-  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``.
+  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``, one
+  payload per engine TP rank from the trainer rank on that GPU (ipc.py).
 
 With ``pause_mode`` set (the async schedule: generation is in flight), rank 0 pauses the
 engines (``/pause_generation``) only around the engine-side update (the disk export happens
@@ -45,6 +46,7 @@ import httpx
 import torch
 
 from spade_async.errors import SpadeError
+from spade_async.trainer.ipc import push_tensor
 from spade_async.trainer.stream import (
     DISK_SHARD_BYTES,
     bucketed,
@@ -245,46 +247,19 @@ def _sglang_group(master_address: str, master_port: int, world: int):
     )
 
 
-def push_tensor(
-    trainer,
-    engines: list[dict],
-    *,
-    bucket_bytes: int,
-    transport: httpx.BaseTransport | None = None,
-    serialize: Callable | None = None,
-    timeout: float = 300.0,
-    pause_mode: str = "",
-    stats: dict | None = None,
-    dtype: str = "",
-) -> dict[str, str]:
-    """Colocated: ``engines`` [{"url", "tp_size"}] share this GPU; tensors go as IPC handles."""
-    chunks = bucketed(trainer, engine_dtype(trainer.model_dir, dtype), bucket_bytes)
-    if trainer.rank != 0:
-        for _ in chunks:
-            pass
-        return {}
-    ser = serialize or _sglang_serialize
-    flush = pause_mode != "in_place"
-    with (
-        httpx.Client(timeout=timeout, transport=transport) as client,
-        _paused(client, [e["url"] for e in engines], pause_mode, stats),
-    ):
-        for chunk, last in _with_last(chunks):
-            payload = ser(chunk)
-            for e in engines:
-                body = {
-                    "serialized_named_tensors": [payload] * e["tp_size"],
-                    "flush_cache": flush and last,
-                    "weight_version": str(trainer.version),
-                }
-                _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
-        return {e["url"]: _verify(client, e["url"], trainer.version) for e in engines}
-
-
-def _sglang_serialize(chunk: list[tuple[str, torch.Tensor]]) -> str:
-    from sglang.srt.utils import MultiprocessingSerializer  # GPU only
-
-    return MultiprocessingSerializer.serialize(chunk, output_str=True)
+def engine_target(u: str) -> dict:
+    """'URL', 'URL#tp=2' or 'URL#tp=2;gpus=4,5' -> {"url", "tp_size"[, "gpus"]}."""
+    url, _, frag = u.partition("#")
+    out: dict = {"url": url, "tp_size": 1}
+    for part in filter(None, frag.split(";")):
+        key, _, value = part.partition("=")
+        if key == "tp":
+            out["tp_size"] = int(value)
+        elif key == "gpus":
+            out["gpus"] = [int(g) for g in value.split(",") if g]
+        else:
+            raise WeightPushError(f"engine target {u!r}: unknown field {key!r} (tp=, gpus=)")
+    return out
 
 
 def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
@@ -293,12 +268,7 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
     common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats, "dtype": req.dtype}
     if req.mode == "disk":
         return push_disk(trainer, req.engines, shm_dir=req.shm_dir, **common)
-    engines = [
-        {"url": u, "tp_size": 1}
-        if "#tp=" not in u
-        else {"url": u.split("#tp=")[0], "tp_size": int(u.split("#tp=")[1])}
-        for u in req.engines
-    ]
+    engines = [engine_target(u) for u in req.engines]
     if req.mode == "distributed":
         if not req.master_port:
             raise WeightPushError("push mode 'distributed' needs master_port (a free TCP port)")

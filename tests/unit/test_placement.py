@@ -234,6 +234,7 @@ def test_weight_push_follows_the_placement():
     colocated = _load("placement.trainer_gpus=[0, 1, 2, 3]", "placement.colocate=true",
                       "schedule=sync", "placement.release_memory=false")
     assert placement.push_mode(colocated) == "tensor"
+    assert push_kwargs(colocated, urls)["engines"][1] == "http://127.0.0.1:2#tp=1;gpus=1"
     cpu = recipe.load(None, [])
     assert placement.push_mode(cpu) == "disk"
     assert push_kwargs(cpu, urls[:1]) == {"engines": urls[:1], "mode": "disk", "dtype": "float32"}
