@@ -46,6 +46,7 @@ import httpx
 import torch
 
 from spade_async.errors import SpadeError
+from spade_async.trainer.group import ensure_group
 from spade_async.trainer.ipc import push_tensor
 from spade_async.trainer.stream import (
     DISK_SHARD_BYTES,
@@ -64,7 +65,6 @@ __all__ = [
     "buckets",
 ]
 
-GROUP = "spade_weight_update"
 
 
 class WeightPushError(SpadeError):
@@ -165,37 +165,34 @@ def push_distributed(
     pause_mode: str = "",
     stats: dict | None = None,
     dtype: str = "",
+    group_epoch: int = 0,
+    previous_group_epoch: int = -1,
+    destroy_group: Callable | None = None,
 ) -> dict[str, str]:
-    """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU."""
+    """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU,
+    one per ``group_epoch`` (group.py: a restarted trainer or engine gets a new group)."""
     version = str(trainer.version)
     chunks = bucketed(trainer, engine_dtype(trainer.model_dir, dtype), bucket_bytes)
     if trainer.rank != 0:
         for _ in chunks:  # take part in the all-gathers
             pass
         return {}
-    world = 1 + sum(e["tp_size"] for e in engines)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(engines)))
     with httpx.Client(timeout=timeout, transport=transport) as client, pool:
-        group = getattr(trainer, "_weight_group", None)
-        if group is None:
-            offset, futures = 1, []
-            for e in engines:
-                body = {
-                    "master_address": master_address,
-                    "master_port": master_port,
-                    "rank_offset": offset,
-                    "world_size": world,
-                    "group_name": GROUP,
-                    "backend": "nccl",
-                }
-                futures.append(
-                    pool.submit(client.post, f"{e['url']}/init_weights_update_group", json=body)
-                )
-                offset += e["tp_size"]
-            group = (init_group or _sglang_group)(master_address, master_port, world)
-            for e, f in zip(engines, futures, strict=True):
-                _check(e["url"], f.result())
-            trainer._weight_group = group
+        wg = ensure_group(
+            trainer,
+            client,
+            pool,
+            engines,
+            epoch=group_epoch,
+            previous_epoch=previous_group_epoch,
+            master_address=master_address,
+            master_port=master_port,
+            init_group=init_group or _sglang_group,
+            destroy_group=destroy_group,
+            check=_check,
+        )
+        group, name = wg.group, wg.name
         bcast = broadcast or (lambda t, g: torch.distributed.broadcast(t, src=0, group=g))
         flush = pause_mode != "in_place"
         # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
@@ -205,7 +202,7 @@ def push_distributed(
                     "names": [n for n, _ in chunk],
                     "dtypes": [_dtype_name(t) for _, t in chunk],
                     "shapes": [list(t.shape) for _, t in chunk],
-                    "group_name": GROUP,
+                    "group_name": name,
                     "flush_cache": flush and last,
                     "weight_version": version,
                 }
@@ -235,7 +232,7 @@ def _with_last(items):
     yield prev, True
 
 
-def _sglang_group(master_address: str, master_port: int, world: int):
+def _sglang_group(master_address: str, master_port: int, world: int, name: str):
     from sglang.srt.utils import init_custom_process_group  # GPU only
 
     return init_custom_process_group(
@@ -243,7 +240,7 @@ def _sglang_group(master_address: str, master_port: int, world: int):
         init_method=f"tcp://{master_address}:{master_port}",
         world_size=world,
         rank=0,
-        group_name=GROUP,
+        group_name=name,
     )
 
 
@@ -278,6 +275,8 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
             master_address=req.master_address,
             master_port=req.master_port,
             bucket_bytes=req.bucket_bytes,
+            group_epoch=req.group_epoch,
+            previous_group_epoch=req.previous_group_epoch,
             **common,
         )
     if req.mode == "tensor":
