@@ -155,28 +155,42 @@ def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
 def load_policy(
     cfg: TrainerConfig, model_dir: str | Path, device: torch.device, *, shard: bool
 ) -> PolicyModel:
-    """Load weights in fp32, optionally checkpoint activations, then fully_shard (if ``shard``)."""
+    """fp32 policy, activations optionally checkpointed; with ``shard`` (ranks under
+    torch.distributed) FSDP2-sharded and loaded shard by shard (sharded.py), so no rank
+    holds the whole fp32 model."""
     from transformers import AutoModelForCausalLM
 
+    impl = _attn_impl(cfg, device)
+    if shard:
+        from spade_async.trainer.sharded import load_sharded
+
+        return load_sharded(
+            model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
+        )
     causal_lm = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
+        str(model_dir), dtype=torch.float32, attn_implementation=impl
     )
+    return _prepare(cfg, causal_lm).to(device)
+
+
+def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
     if cfg.activation_checkpointing:
         causal_lm.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
     causal_lm.train()
-    policy = PolicyModel(causal_lm, cfg.temperature)
-    if not shard:
-        return policy.to(device)
+    return PolicyModel(causal_lm, cfg.temperature)
+
+
+def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> PolicyModel:
+    """PolicyModel + fully_shard per decoder block, then the root (on the meta model)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = _prepare(cfg, causal_lm)
     mp = None
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
-    if device.type == "cuda":
-        causal_lm.to(device)
     for layer in decoder_layers(causal_lm):
         fully_shard(layer, **kw)
     fully_shard(policy, **kw)
