@@ -329,8 +329,14 @@ _PUSH_WORDS = {
 }
 
 
-def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str] = ()) -> str:
-    """A readable table of the plan, then each full command line."""
+def format_plan(
+    cfg: Config,
+    plan: list[PlannedProcess],
+    warnings: Iterable[str] = (),
+    notes: Iterable[str] = (),
+) -> str:
+    """A readable table of the plan, ``notes`` (e.g. the trainer's memory), then each full
+    command line."""
     from rich.console import Console
     from rich.table import Table
 
@@ -356,6 +362,7 @@ def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str]
         table.add_row(p.name, p.role, _ids(p.gpus) or "cpu", str(p.ranks), env)
     console.print(table)
     text = buf.getvalue().rstrip("\n").splitlines()
+    text += list(notes)
     text += ["", "commands:"] + [f"  {p.name}: {shlex.join(p.argv)}" for p in plan]
     text += [f"warning: {w}" for w in warnings]
     return "\n".join(text)
@@ -393,4 +400,13 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
     plan = launch_plan(
         cfg, model_dir=model_dir, run_dir=run_dir, engine_model_dir=engine_model, load=load
     )
-    return format_plan(cfg, plan, warnings)
+    from spade_async.trainer.sizing import memory_line
+
+    pl = cfg.placement
+    memory = memory_line(
+        model_dir,
+        len(pl.trainer_gpus) or pl.cpu_ranks,
+        mixed_precision=cfg.trainer.mixed_precision,
+        on_gpu=bool(pl.trainer_gpus),
+    )
+    return format_plan(cfg, plan, warnings, notes=[memory])
