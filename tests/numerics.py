@@ -27,6 +27,14 @@ def reduction_bound(*lengths: int) -> float:
     return EPS32 * sum(math.sqrt(max(n, 1)) for n in lengths)
 
 
+def logit_bound(eps: float, zmax: float, *lengths: int) -> float:
+    """Relative error of log-probs/entropies (and their gradients) computed from logits z that
+    carry relative rounding ``eps`` (the compute dtype's): log-sum-exp and softmax turn a
+    logit error d into an absolute error <= 2 d, and d <= eps * max|z|; the fp32 sums of the
+    given lengths add ``reduction_bound``."""
+    return eps * (1 + zmax) + reduction_bound(*lengths)
+
+
 def assert_close_norm(got: torch.Tensor, ref64: torch.Tensor, rel: float, what: str) -> None:
     """||got - ref64|| <= rel * ||ref64|| (2-norms, in float64)."""
     err = (got.double() - ref64.double()).norm().item()
