@@ -249,6 +249,16 @@ def check_devices(cfg: Config, visible: Iterable[int] | None = None, source: str
             f"({source or 'given'}): edit engine.gpus / placement.trainer_gpus, "
             "or inspect the plan with --dry-run"
         )
+    check_attention(cfg)
+
+
+def check_attention(cfg: Config) -> None:
+    """trainer.attn_implementation = 'flash_attention_2' without FA2 here: one line, exit 2."""
+    if cfg.trainer.attn_implementation != "flash_attention_2":
+        return  # no torch import for the usual case
+    from spade_async.trainer.model import check_attention as check
+
+    check(cfg.trainer.attn_implementation, on_gpu=bool(cfg.placement.trainer_gpus))
 
 
 def trainer_process(
@@ -319,8 +329,14 @@ _PUSH_WORDS = {
 }
 
 
-def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str] = ()) -> str:
-    """A readable table of the plan, then each full command line."""
+def format_plan(
+    cfg: Config,
+    plan: list[PlannedProcess],
+    warnings: Iterable[str] = (),
+    notes: Iterable[str] = (),
+) -> str:
+    """A readable table of the plan, ``notes`` (e.g. the trainer's memory), then each full
+    command line."""
     from rich.console import Console
     from rich.table import Table
 
@@ -346,6 +362,7 @@ def format_plan(cfg: Config, plan: list[PlannedProcess], warnings: Iterable[str]
         table.add_row(p.name, p.role, _ids(p.gpus) or "cpu", str(p.ranks), env)
     console.print(table)
     text = buf.getvalue().rstrip("\n").splitlines()
+    text += list(notes)
     text += ["", "commands:"] + [f"  {p.name}: {shlex.join(p.argv)}" for p in plan]
     text += [f"warning: {w}" for w in warnings]
     return "\n".join(text)
@@ -372,6 +389,7 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
     resumed = rd.latest_checkpoint() if rd.exists() else None
     if resumed is not None:
         load, engine_model = str(resumed[1]), rd.hf if rd.hf.is_dir() else model_dir
+    check_attention(cfg)
     visible, source = visible_gpus()
     missing = missing_gpus(cfg, visible)
     if missing:
@@ -382,4 +400,13 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
     plan = launch_plan(
         cfg, model_dir=model_dir, run_dir=run_dir, engine_model_dir=engine_model, load=load
     )
-    return format_plan(cfg, plan, warnings)
+    from spade_async.trainer.sizing import memory_line
+
+    pl = cfg.placement
+    memory = memory_line(
+        model_dir,
+        len(pl.trainer_gpus) or pl.cpu_ranks,
+        mixed_precision=cfg.trainer.mixed_precision,
+        on_gpu=bool(pl.trainer_gpus),
+    )
+    return format_plan(cfg, plan, warnings, notes=[memory])

@@ -73,6 +73,7 @@ class Runtime:
     push_kw: dict[str, Any] = field(default_factory=dict)  # PushWeights fields (push_kwargs)
     model_dir: Path | None = None  # the base model the trainer starts from without a checkpoint
     trainer_restarts: int = 0  # restarts so far
+    pushed_group_epoch: int = -1  # distributed push: the NCCL weight group last used
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
@@ -103,11 +104,30 @@ class Runtime:
         """The trainer's weights to every engine; their version becomes the trainer's. With
         generation in flight (``pause``) the trainer pauses the engines only around the
         engine-side update."""
+        kw = dict(self.push_kw)
+        if kw.get("mode") == "distributed":  # a new NCCL group after any restart (group.py)
+            epoch = self.trainer_restarts + sum(getattr(e, "restarts", 0) for e in self.engines)
+            if epoch != self.pushed_group_epoch and self.pushed_group_epoch >= 0:
+                from spade_async.engines import free_port
+
+                self.push_kw["master_port"] = kw["master_port"] = free_port()
+            kw.update(group_epoch=epoch, previous_group_epoch=self.pushed_group_epoch)
         pushed = await self.trainer.push_weights(
-            **self.push_kw, pause_mode=self.cfg.pipeline.pause_mode if pause else ""
+            **kw, pause_mode=self.cfg.pipeline.pause_mode if pause else ""
         )
+        self.pushed_group_epoch = kw.get("group_epoch", -1)
         self.state.version = pushed.version
         return pushed
+
+    async def engine_restarted(self, server) -> None:
+        """A crashed engine came back serving its start-up weights: the current ones go to
+        every engine now (through a new NCCL group on the distributed path), so it serves
+        the trainer's policy again; tokens it made before carry its old weight version."""
+        pause = self.cfg.schedule == "async"
+        try:
+            await self.push(pause=pause)
+        except TrainerDied as exc:  # the restarted trainer pushes its weights itself
+            await self.restart_trainer(str(exc), pause=pause)
 
     async def restart_trainer(self, why: str, *, pause: bool = False) -> None:
         """A dead trainer comes back from the latest checkpoint (or the base model) and its
@@ -177,10 +197,21 @@ def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
     from spade_async.placement import push_mode
 
     mode = push_mode(cfg)
+    # the engines' weight dtype: the CPU engine's own, else SGLang's --dtype (auto: '')
+    extra = cfg.engine.extra_args
+    dtype = cfg.engine.dtype if cfg.engine.kind == "cpu" else ""
+    for i, arg in enumerate(extra):
+        if arg == "--dtype" and i + 1 < len(extra):
+            dtype = extra[i + 1]
+        elif arg.startswith("--dtype="):
+            dtype = arg.split("=", 1)[1]
     if mode == "disk":
-        return {"engines": list(urls), "mode": mode}
+        return {"engines": list(urls), "mode": mode, "dtype": dtype}
     engines = [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
-    kw: dict[str, Any] = {"engines": engines, "mode": mode}
+    if mode == "tensor":  # CUDA IPC: each TP rank gets handles from the trainer rank on its GPU
+        gpus = [",".join(map(str, g)) for g in cfg.engine.gpus]
+        engines = [f"{e};gpus={g}" for e, g in zip(engines, gpus, strict=True)]
+    kw: dict[str, Any] = {"engines": engines, "mode": mode, "dtype": dtype}
     if mode == "distributed":
         kw.update(master_address="127.0.0.1", master_port=free_port())
     return kw
@@ -260,6 +291,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         )
         if state.meters:
             rt.meters.load_state_dict(state.meters)
+        for e in engines:  # a restarted engine gets the current weights at once
+            e.on_restart = rt.engine_restarted
         try:
             yield rt
         finally:

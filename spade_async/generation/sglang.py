@@ -122,6 +122,7 @@ class SGLangServer:
         self.argv, self.env = build_command(cfg)
         self.process: anyio.abc.Process | None = None
         self.restarts = 0
+        self.on_restart = None  # async callable(server), awaited after each crash restart
         self._log: IO[bytes] | None = None
         self._stopping = False
 
@@ -220,6 +221,8 @@ class SGLangServer:
                         f"{self.restarts} restarts; see {self.cfg.log_path or 'its output'}"
                     )
                 await self.restart()
+                if self.on_restart is not None:
+                    await self.on_restart(self)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.stop()

@@ -52,7 +52,7 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
     mixed_precision: Doc(bool, "bf16 params/compute with fp32 reduce (only on GPU)") = True
     attn_implementation: Doc(
-        str, "attention: 'auto' = flash_attention_2 on GPU if installed, else per-sequence SDPA"
+        str, "attention: 'auto' = flash_attention_2 on GPU when FA2 imports, else per-sequence SDPA"
     ) = "auto"
     socket_path: Doc(str, "Unix socket rank 0 serves the RPC on ('' = <run_dir>/trainer.sock)") = ""
     start_timeout_s: Doc(float, "seconds to wait for the trainer ranks to come up") = 300.0

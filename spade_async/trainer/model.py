@@ -11,17 +11,26 @@ for the whole forward, which is where the log-prob head reads the lm_head weight
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 from pathlib import Path
 
 import torch
 from spade_kernels import linear_logprob
 from torch import nn
 
+from spade_async.errors import ConfigError
 from spade_async.trainer import attention
 from spade_async.trainer.config import TrainerConfig
 
-__all__ = ["PolicyModel", "load_policy", "decoder_layers"]
+__all__ = [
+    "PolicyModel",
+    "load_policy",
+    "decoder_layers",
+    "check_attention",
+    "flash_attn_2_available",
+]
+
+log = logging.getLogger(__name__)
 
 
 class PolicyModel(nn.Module):
@@ -31,7 +40,7 @@ class PolicyModel(nn.Module):
         self.temperature = temperature
         impl = getattr(causal_lm.config, "_attn_implementation", "")
         # causal-only kernels: padded rows are right-padded, so no padding mask is needed
-        self.varlen_attention = impl in (attention.NAME, "flash_attention_2")
+        self.varlen_attention = impl in (attention.NAME, FA2)
 
     def forward(
         self,
@@ -44,7 +53,7 @@ class PolicyModel(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int = 0,
     ):
-        """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32.
+        """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32 (fp64 for an fp64 model).
 
         ``index_K`` restricts the vocab projection to K positions (the loss tokens): the
         others come back as 0 without ever touching the [*, V] head, which is most of the
@@ -84,9 +93,10 @@ class PolicyModel(nn.Module):
             temperature=self.temperature,
             return_entropy=return_entropy,
         )
-        zeros_T = hidden_TD.new_zeros(target_T.shape[0], dtype=torch.float32)
+        acc = torch.promote_types(hidden_TD.dtype, torch.float32)  # fp64 stays fp64 (references)
+        zeros_T = hidden_TD.new_zeros(target_T.shape[0], dtype=acc)
         scatter = [
-            zeros_T.index_put((index_K,), t.float()) for t in (out if return_entropy else (out,))
+            zeros_T.index_put((index_K,), t.to(acc)) for t in (out if return_entropy else (out,))
         ]
         return tuple(scatter) if return_entropy else scatter[0]
 
@@ -101,39 +111,86 @@ def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+FA2 = "flash_attention_2"
+_logged: set[str] = set()
+
+
+def flash_attn_2_available() -> bool:
+    """FlashAttention-2 really imports here (transformers' own check: the ``flash-attn``
+    distribution >= 2.3.3 and CUDA). A bare ``flash_attn/`` folder, as ``flash-attn-4``
+    installs, is not FA2."""
+    from transformers.utils import is_flash_attn_2_available
+
+    return bool(is_flash_attn_2_available())
+
+
+def check_attention(attn_implementation: str, on_gpu: bool) -> None:
+    """A recipe that demands FlashAttention-2 where it cannot run fails with one line."""
+    if attn_implementation != FA2:
+        return
+    if not on_gpu:
+        raise ConfigError(
+            "trainer.attn_implementation = 'flash_attention_2' needs trainer GPUs "
+            "(placement.trainer_gpus is empty): set trainer.attn_implementation = 'auto'"
+        )
+    if not flash_attn_2_available():
+        raise ConfigError(
+            "trainer.attn_implementation = 'flash_attention_2' but FlashAttention-2 does not "
+            "import here (pip install 'flash-attn>=2.3.3,<3'; flash-attn-4 is not FA2): "
+            "install it or set trainer.attn_implementation = 'auto' (SDPA)"
+        )
+
+
 def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
-    if cfg.attn_implementation != "auto":
-        return cfg.attn_implementation
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return attention.NAME
+    impl = cfg.attn_implementation
+    if impl == "auto":
+        impl = FA2 if device.type == "cuda" and flash_attn_2_available() else attention.NAME
+    if impl not in _logged:  # once per process and choice
+        _logged.add(impl)
+        why = "as configured" if cfg.attn_implementation != "auto" else "auto"
+        log.info("trainer attention: %s (%s, %s)", impl, why, device.type)
+    return impl
 
 
 def load_policy(
     cfg: TrainerConfig, model_dir: str | Path, device: torch.device, *, shard: bool
 ) -> PolicyModel:
-    """Load weights in fp32, optionally checkpoint activations, then fully_shard (if ``shard``)."""
+    """fp32 policy, activations optionally checkpointed; with ``shard`` (ranks under
+    torch.distributed) FSDP2-sharded and loaded shard by shard (sharded.py), so no rank
+    holds the whole fp32 model."""
     from transformers import AutoModelForCausalLM
 
+    impl = _attn_impl(cfg, device)
+    if shard:
+        from spade_async.trainer.sharded import load_sharded
+
+        return load_sharded(
+            model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
+        )
     causal_lm = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=_attn_impl(cfg, device)
+        str(model_dir), dtype=torch.float32, attn_implementation=impl
     )
+    return _prepare(cfg, causal_lm).to(device)
+
+
+def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
     if cfg.activation_checkpointing:
         causal_lm.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
     causal_lm.train()
-    policy = PolicyModel(causal_lm, cfg.temperature)
-    if not shard:
-        return policy.to(device)
+    return PolicyModel(causal_lm, cfg.temperature)
+
+
+def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> PolicyModel:
+    """PolicyModel + fully_shard per decoder block, then the root (on the meta model)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = _prepare(cfg, causal_lm)
     mp = None
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
-    if device.type == "cuda":
-        causal_lm.to(device)
     for layer in decoder_layers(causal_lm):
         fully_shard(layer, **kw)
     fully_shard(policy, **kw)

@@ -64,6 +64,12 @@ class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     bucket_bytes: int = 512 << 20
     # pause the engines around the engine-side update ('' = no pause: nothing in flight)
     pause_mode: Literal["", "in_place", "abort", "retract"] = ""
+    # the engine's weight dtype ('' = what SGLang's --dtype auto serves; see stream.py)
+    dtype: str = ""
+    # distributed mode: the weight group's number (a new one after any restart, group.py)
+    # and the previous push's (-1 = none), whose group the engines are asked to drop
+    group_epoch: int = 0
+    previous_group_epoch: int = -1
 
 
 class Save(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -3,7 +3,7 @@
 Three paths, one per engine placement (every rank calls ``push_weights``; only rank 0 talks
 HTTP):
 
-- ``disk`` (CPU engine, or any SGLang): export HF safetensors into a shared-memory (or temp)
+- ``disk`` (CPU engine, or any SGLang): export HF safetensors (streamed shards) into a shared-memory (or temp)
   directory, ``POST /update_weights_from_disk {"model_path", "weight_version"}``, then
   ``GET /get_weight_version`` must return the trainer's version. The previous export is
   removed once every engine has moved on.
@@ -13,13 +13,18 @@ HTTP):
   /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
   "flush_cache", "weight_version"}`` in a thread while rank 0 broadcasts each tensor.
 - ``tensor`` (SGLang colocated on the same GPUs): per bucket, CUDA IPC handles serialised
-  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``.
+  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``, one
+  payload per engine TP rank from the trainer rank on that GPU (ipc.py).
 
 With ``pause_mode`` set (the async schedule: generation is in flight), rank 0 pauses the
 engines (``/pause_generation``) only around the engine-side update (the disk export happens
 before, while they keep generating) and continues them after (``/continue_generation``);
 ``stats["paused_s"]`` reports how long. Paused ``in_place``, running requests keep their KV
 cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then).
+
+Every path sends the weights in the engine's dtype (``PushWeights.dtype``; '' = what the
+engine serves, see ``stream.engine_dtype``), one bucket of full tensors at a time, each cast
+on its shard before the all-gather: never an fp32 copy of the whole model (stream.py).
 
 The GPU paths follow SGLang's documented HTTP API and are contract-tested on CPU (the
 requests they send, with fake transports); they have not been run against a GPU here.
@@ -34,14 +39,22 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import torch
 
 from spade_async.errors import SpadeError
-from spade_async.trainer.checkpoint import PREFIX, export_hf
+from spade_async.trainer.group import ensure_group
+from spade_async.trainer.ipc import push_tensor
+from spade_async.trainer.stream import (
+    DISK_SHARD_BYTES,
+    bucketed,
+    buckets,
+    engine_dtype,
+    export_safetensors,
+)
 
 __all__ = [
     "WeightPushError",
@@ -52,7 +65,6 @@ __all__ = [
     "buckets",
 ]
 
-GROUP = "spade_weight_update"
 
 
 class WeightPushError(SpadeError):
@@ -110,10 +122,13 @@ def push_disk(
     transport: httpx.BaseTransport | None = None,
     pause_mode: str = "",
     stats: dict | None = None,
+    dtype: str = "",
 ) -> dict[str, str]:
     root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"v{trainer.version}"
-    export_hf(trainer, target)  # engines keep generating meanwhile
+    # engines keep generating meanwhile; the export is in their dtype, one shard at a time
+    as_dtype = engine_dtype(trainer.model_dir, dtype, sglang_auto=False)
+    export_safetensors(trainer, target, as_dtype, DISK_SHARD_BYTES)
     if trainer.rank != 0:
         return {}
     out = {}
@@ -130,30 +145,6 @@ def push_disk(
         if old != target:
             shutil.rmtree(old, ignore_errors=True)
     return out
-
-
-def _named_full_tensors(trainer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) on every rank, one parameter at a time (FSDP all-gather)."""
-    tied = getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False)
-    for name, p in trainer.model.named_parameters():
-        hf = name.removeprefix(PREFIX)
-        if tied and hf == "lm_head.weight":
-            continue
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        yield hf, full.detach()
-
-
-def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int):
-    bucket, size = [], 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -173,47 +164,45 @@ def push_distributed(
     timeout: float = 300.0,
     pause_mode: str = "",
     stats: dict | None = None,
+    dtype: str = "",
+    group_epoch: int = 0,
+    previous_group_epoch: int = -1,
+    destroy_group: Callable | None = None,
 ) -> dict[str, str]:
-    """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU."""
+    """``engines``: [{"url", "tp_size"}]. NCCL group: trainer rank 0 + every engine GPU,
+    one per ``group_epoch`` (group.py: a restarted trainer or engine gets a new group)."""
     version = str(trainer.version)
-    named = _named_full_tensors(trainer)
+    chunks = bucketed(trainer, engine_dtype(trainer.model_dir, dtype), bucket_bytes)
     if trainer.rank != 0:
-        for _ in named:  # take part in the all-gathers
+        for _ in chunks:  # take part in the all-gathers
             pass
         return {}
-    world = 1 + sum(e["tp_size"] for e in engines)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(engines)))
     with httpx.Client(timeout=timeout, transport=transport) as client, pool:
-        group = getattr(trainer, "_weight_group", None)
-        if group is None:
-            offset, futures = 1, []
-            for e in engines:
-                body = {
-                    "master_address": master_address,
-                    "master_port": master_port,
-                    "rank_offset": offset,
-                    "world_size": world,
-                    "group_name": GROUP,
-                    "backend": "nccl",
-                }
-                futures.append(
-                    pool.submit(client.post, f"{e['url']}/init_weights_update_group", json=body)
-                )
-                offset += e["tp_size"]
-            group = (init_group or _sglang_group)(master_address, master_port, world)
-            for e, f in zip(engines, futures, strict=True):
-                _check(e["url"], f.result())
-            trainer._weight_group = group
+        wg = ensure_group(
+            trainer,
+            client,
+            pool,
+            engines,
+            epoch=group_epoch,
+            previous_epoch=previous_group_epoch,
+            master_address=master_address,
+            master_port=master_port,
+            init_group=init_group or _sglang_group,
+            destroy_group=destroy_group,
+            check=_check,
+        )
+        group, name = wg.group, wg.name
         bcast = broadcast or (lambda t, g: torch.distributed.broadcast(t, src=0, group=g))
         flush = pause_mode != "in_place"
         # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
         with _paused(client, [e["url"] for e in engines], pause_mode, stats):
-            for chunk, last in _with_last(buckets(named, bucket_bytes)):
+            for chunk, last in _with_last(chunks):
                 body = {
                     "names": [n for n, _ in chunk],
                     "dtypes": [_dtype_name(t) for _, t in chunk],
                     "shapes": [list(t.shape) for _, t in chunk],
-                    "group_name": GROUP,
+                    "group_name": name,
                     "flush_cache": flush and last,
                     "weight_version": version,
                 }
@@ -243,7 +232,7 @@ def _with_last(items):
     yield prev, True
 
 
-def _sglang_group(master_address: str, master_port: int, world: int):
+def _sglang_group(master_address: str, master_port: int, world: int, name: str):
     from sglang.srt.utils import init_custom_process_group  # GPU only
 
     return init_custom_process_group(
@@ -251,63 +240,32 @@ def _sglang_group(master_address: str, master_port: int, world: int):
         init_method=f"tcp://{master_address}:{master_port}",
         world_size=world,
         rank=0,
-        group_name=GROUP,
+        group_name=name,
     )
 
 
-def push_tensor(
-    trainer,
-    engines: list[dict],
-    *,
-    bucket_bytes: int,
-    transport: httpx.BaseTransport | None = None,
-    serialize: Callable | None = None,
-    timeout: float = 300.0,
-    pause_mode: str = "",
-    stats: dict | None = None,
-) -> dict[str, str]:
-    """Colocated: ``engines`` [{"url", "tp_size"}] share this GPU; tensors go as IPC handles."""
-    named = _named_full_tensors(trainer)
-    if trainer.rank != 0:
-        for _ in named:
-            pass
-        return {}
-    ser = serialize or _sglang_serialize
-    flush = pause_mode != "in_place"
-    with (
-        httpx.Client(timeout=timeout, transport=transport) as client,
-        _paused(client, [e["url"] for e in engines], pause_mode, stats),
-    ):
-        for chunk, last in _with_last(buckets(named, bucket_bytes)):
-            payload = ser(chunk)
-            for e in engines:
-                body = {
-                    "serialized_named_tensors": [payload] * e["tp_size"],
-                    "flush_cache": flush and last,
-                    "weight_version": str(trainer.version),
-                }
-                _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
-        return {e["url"]: _verify(client, e["url"], trainer.version) for e in engines}
-
-
-def _sglang_serialize(chunk: list[tuple[str, torch.Tensor]]) -> str:
-    from sglang.srt.utils import MultiprocessingSerializer  # GPU only
-
-    return MultiprocessingSerializer.serialize(chunk, output_str=True)
+def engine_target(u: str) -> dict:
+    """'URL', 'URL#tp=2' or 'URL#tp=2;gpus=4,5' -> {"url", "tp_size"[, "gpus"]}."""
+    url, _, frag = u.partition("#")
+    out: dict = {"url": url, "tp_size": 1}
+    for part in filter(None, frag.split(";")):
+        key, _, value = part.partition("=")
+        if key == "tp":
+            out["tp_size"] = int(value)
+        elif key == "gpus":
+            out["gpus"] = [int(g) for g in value.split(",") if g]
+        else:
+            raise WeightPushError(f"engine target {u!r}: unknown field {key!r} (tp=, gpus=)")
+    return out
 
 
 def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
     """Dispatch an rpc.PushWeights; returns {engine URL: reported version} on rank 0."""
     timeout = trainer.cfg.push_timeout_s
-    common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats}
+    common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats, "dtype": req.dtype}
     if req.mode == "disk":
         return push_disk(trainer, req.engines, shm_dir=req.shm_dir, **common)
-    engines = [
-        {"url": u, "tp_size": 1}
-        if "#tp=" not in u
-        else {"url": u.split("#tp=")[0], "tp_size": int(u.split("#tp=")[1])}
-        for u in req.engines
-    ]
+    engines = [engine_target(u) for u in req.engines]
     if req.mode == "distributed":
         if not req.master_port:
             raise WeightPushError("push mode 'distributed' needs master_port (a free TCP port)")
@@ -317,6 +275,8 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
             master_address=req.master_address,
             master_port=req.master_port,
             bucket_bytes=req.bucket_bytes,
+            group_epoch=req.group_epoch,
+            previous_group_epoch=req.previous_group_epoch,
             **common,
         )
     if req.mode == "tensor":

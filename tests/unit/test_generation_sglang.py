@@ -100,12 +100,18 @@ def test_start_stop_and_restart_after_crash(fake):
     cfg = cfg_of(gpu_ids=[2, 3], tp_size=2, max_restarts=2)
     os.environ["FAKE_CRASH_AFTER"] = "0.5"
     try:
+        hooked = []
+
+        async def on_restart(srv):  # the runtime pushes the current weights here
+            hooked.append(srv.restarts)
+
         async def main():
             server = SGLangServer(cfg)
+            server.on_restart = on_restart
             async with anyio.create_task_group() as tg:
                 url = await tg.start(server.run)
                 with anyio.fail_after(20):
-                    while server.restarts == 0:
+                    while not hooked:
                         await anyio.sleep(0.1)
                 tg.cancel_scope.cancel()
             return url, server
@@ -115,6 +121,7 @@ def test_start_stop_and_restart_after_crash(fake):
         del os.environ["FAKE_CRASH_AFTER"]
     recs = records()
     assert url == f"http://127.0.0.1:{cfg.port}" and server.restarts == 1 and len(recs) == 2
+    assert hooked == [1]  # called once, after the restart
     assert recs[0]["cuda"] == "2,3" and recs[0]["orig_lp"] == "0" and "--tp-size" in recs[0]["argv"]
     for rec in recs:  # everything stopped
         with pytest.raises(ProcessLookupError):

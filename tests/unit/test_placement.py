@@ -224,15 +224,20 @@ def test_weight_push_follows_the_placement():
     assert kw["mode"] == "distributed" and kw["master_port"] > 0
     assert kw["master_address"] == "127.0.0.1"
     assert kw["engines"][0] == "http://127.0.0.1:1#tp=1"
+    assert kw["dtype"] == ""  # SGLang's --dtype auto, unless extra_args name one
+    assert push_kwargs(_load("engine.extra_args=['--dtype', 'bfloat16']"), urls)["dtype"] == (
+        "bfloat16"
+    )
     tp2 = _load("engine.gpus=[[0, 1], [2, 3]]")
     assert push_kwargs(tp2, urls[:2])["engines"] == [
         "http://127.0.0.1:1#tp=2", "http://127.0.0.1:2#tp=2"]
     colocated = _load("placement.trainer_gpus=[0, 1, 2, 3]", "placement.colocate=true",
                       "schedule=sync", "placement.release_memory=false")
     assert placement.push_mode(colocated) == "tensor"
+    assert push_kwargs(colocated, urls)["engines"][1] == "http://127.0.0.1:2#tp=1;gpus=1"
     cpu = recipe.load(None, [])
     assert placement.push_mode(cpu) == "disk"
-    assert push_kwargs(cpu, urls[:1]) == {"engines": urls[:1], "mode": "disk"}
+    assert push_kwargs(cpu, urls[:1]) == {"engines": urls[:1], "mode": "disk", "dtype": "float32"}
     assert placement.push_mode(_load("placement.weight_push=disk")) == "disk"
 
 

@@ -91,4 +91,7 @@ def test_activation_checkpointing_gives_same_gradients(tiny_model):
         trainer.accumulate(batch)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()]))
     assert grads[0].abs().sum() > 0
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-5)
+    # the same fp32 arithmetic recomputed: within twice the rounding bound of either
+    from numerics import assert_close_norm, reduction_bound
+
+    assert_close_norm(grads[1], grads[0], 2 * reduction_bound(49152, 4), "checkpointed")

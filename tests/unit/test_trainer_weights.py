@@ -84,11 +84,11 @@ def test_distributed_push_requests_and_broadcasts(trainer):
     out = push_distributed(
         trainer, [{"url": "http://a", "tp_size": 2}, {"url": "http://b", "tp_size": 1}],
         master_address="10.0.0.1", master_port=29555, bucket_bytes=4 << 20, transport=transport,
-        init_group=lambda addr, port, world: groups.append((addr, port, world)) or "G",
+        init_group=lambda addr, port, world, name: groups.append((addr, port, world, name)) or "G",
         broadcast=lambda t, g: sent.append((tuple(t.shape), g)),
     )
     assert out == {"http://a": "7", "http://b": "7"}
-    assert groups == [("10.0.0.1", 29555, 4)]
+    assert groups == [("10.0.0.1", 29555, 4, "spade_weight_update_0")]
     inits = [b for e in engines for p, b in e.requests if p == "/init_weights_update_group"]
     assert [b["rank_offset"] for b in inits] == [1, 3] and {b["world_size"] for b in inits} == {4}
     updates = [b for p, b in engines[0].requests if p == "/update_weights_from_distributed"]
@@ -96,7 +96,8 @@ def test_distributed_push_requests_and_broadcasts(trainer):
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied
     assert len(names) == len(sent) and len(updates) >= 2  # 12.6 MB embedding > one 4 MB bucket
     assert [b["flush_cache"] for b in updates] == [False] * (len(updates) - 1) + [True]
-    assert updates[0]["dtypes"][0] == "float32" and all(b["weight_version"] == "7" for b in updates)
+    # an fp32 checkpoint is served in float16 by SGLang's --dtype auto: sent as such
+    assert updates[0]["dtypes"][0] == "float16" and all(b["weight_version"] == "7" for b in updates)
     shapes = [s for b in updates for s in b["shapes"]]
     assert [list(s) for s, _ in sent] == shapes and all(g == "G" for _, g in sent)
 
