@@ -151,6 +151,48 @@ def test_real_sglang_server_generates(tiny_model):
     assert len(res.output_ids) == 4 and len(res.logprobs) == 4
 
 
+@pytest.mark.gpu
+def test_real_sglang_contract_paths(tiny_model):
+    """On a GPU node with the pinned SGLang: seeded plays repeat under deterministic
+    inference, the version comes from /model_info and meta_info, a push paused with
+    ``retract`` lands (and flushes), memory release/resume round-trips. Not run on CPU."""
+    pytest.importorskip("sglang")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from spade_async.generation.client import GenerationClient
+    from spade_async.generation.protocol import SamplingParams
+
+    cfg = SGLangConfig(model_path=str(tiny_model), gpu_ids=[0], port=_free_port(),
+                       mem_fraction_static=0.3, deterministic=True,
+                       extra_args=["--enable-memory-saver"])
+    ids = [1, 2, 3, 4]
+    sp = SamplingParams(max_new_tokens=8, temperature=0.8, sampling_seed=5)
+
+    async def main():
+        async with SGLangServer(cfg) as server, GenerationClient([server.url]) as client:
+            url = server.url
+            a, b = await client.generate(ids, sp), await client.generate(ids, sp)
+            assert a.output_ids == b.output_ids  # sampling_seed honoured
+            assert a.weight_version == a.policy_version == "0"
+            assert (await client.weight_versions()) == {url: "0"}
+            await client.pause("retract")
+            pushed = await client.update_weights_from_disk(str(tiny_model), weight_version="1")
+            await client.flush_cache()  # legal while paused with retract
+            await client.resume()
+            assert pushed == {url: "1"}
+            c = await client.generate(ids, sp)
+            assert c.weight_version == c.policy_version == "1" and c.output_ids == a.output_ids
+            await client.release_memory()
+            await client.resume_memory(["weights"])
+            await client.update_weights_from_disk(str(tiny_model), weight_version="2")
+            await client.resume_memory(["kv_cache"])
+            d = await client.generate(ids, sp)
+            assert d.weight_version == "2" and d.output_ids == a.output_ids
+
+    anyio.run(main)
+
+
 def test_reproducible_plays_pass_deterministic_inference():
     """SGLang honours sampling_seed only under --enable-deterministic-inference."""
     argv, _ = build_command(SGLangConfig(model_path="m", gpu_ids=[0], deterministic=True))
