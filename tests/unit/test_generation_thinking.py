@@ -69,3 +69,49 @@ def test_hint_writer_renders_thinking_off_and_strips_think(qwen3_tok):
     assert res.hint == "Count the moves before acting."
     prompt = qwen3_tok.decode(client.prompts[0])
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.actions: list[str] = []
+
+    async def open(self, source, env_id=None):
+        return "inst"
+
+    async def reset(self, inst, seed):
+        return "Guess the number.", {}
+
+    async def step(self, inst, action):
+        self.actions.append(action)
+        return "", 1.0, True, False, {}
+
+    async def close(self, inst):
+        pass
+
+
+class _AgentClient:
+    def __init__(self, tok, text: str) -> None:
+        self.tok, self.text = tok, text
+
+    async def generate(self, ids, sampling, **kw):
+        out = self.tok(self.text, add_special_tokens=False).input_ids
+        return GenerateResult(output_ids=out, logprobs=[-0.1] * len(out), finish_reason="stop",
+                              matched=None, text=self.text, weight_version="6",
+                              policy_version="5", prompt_tokens=len(ids), url="fake")
+
+    def end_session(self, key):
+        pass
+
+
+def test_agent_steps_the_environment_without_its_reasoning(qwen3_tok):
+    from spade_async.roles.agent import AgentConfig, play_episode
+
+    text = "<think>\nmaybe 7, or \\boxed{3}\n</think>\n\n\\boxed{7}"
+    pool = _Pool()
+    ep = anyio.run(lambda: play_episode(
+        client=_AgentClient(qwen3_tok, text), pool=pool, tokenizer=qwen3_tok,
+        env=EnvRef(env_id="e", source="class Env: ..."), seed=0, hint=None,
+        cfg=AgentConfig(), version=9))
+    assert pool.actions == ["\\boxed{7}"]
+    assert ep.turn_versions == [5]  # the engine's oldest weights behind the turn, not 9 or 6
+    assert "<think>" in qwen3_tok.decode(ep.token_ids)  # the trained tokens keep it
