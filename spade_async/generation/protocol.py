@@ -1,7 +1,8 @@
 """Wire structs for the subset of SGLang's native HTTP API the project uses.
 
-Matched against SGLang v0.5.x (``python/sglang/srt/managers/io_struct.py`` and
-``python/sglang/srt/entrypoints/http_server.py``, checked at 0.5.3): ``GenerateReqInput``,
+Matched against the pinned SGLang 0.5.23 (``sglang/srt/managers/io_struct.py``,
+``sglang/api/v1/api_types.py``, ``sglang/srt/entrypoints/http_server.py``; every field is
+checked against that source by ``tests/contract``, the paths live in ``routes.py``): ``GenerateReqInput``,
 ``SamplingParams``, ``UpdateWeightFromDiskReqInput``/``Output``,
 ``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``,
 ``UpdateWeightsFromTensorReqInput``. Field names and defaults follow SGLang; only the
