@@ -4,7 +4,9 @@ Talks to SGLang servers (GPU) and to the project's CPU engine (``server.py``) al
 Every request has a timeout; transport failures (refused, reset, timed out, 5xx) are
 retried with exponential backoff, then raise one ``EngineError`` naming the URL. A 4xx
 (e.g. a prompt longer than the context) raises ``EngineRequestError`` at once: the request
-was bad, the engine is fine. A ``CapacityLimiter`` bounds in-flight requests; routing picks
+was bad, the engine is fine. A missing route (404/405) or a reply that is not the endpoint's
+struct raises ``EngineProtocolError`` naming the route and the engine: it is not the
+pinned SGLang API, and nothing retries that. Paths and structs: ``routes.py``. A ``CapacityLimiter`` bounds in-flight requests; routing picks
 the least-loaded healthy engine, and ``session_key`` keeps a multi-turn episode on the
 engine that already holds its prefix (SGLang's radix cache then reuses it).
 
@@ -46,6 +48,7 @@ __all__ = [
     "GenerateResult",
     "EngineError",
     "EngineRequestError",
+    "EngineProtocolError",
     "GenerationClient",
 ]
 
@@ -56,6 +59,12 @@ class EngineError(SpadeError):
 
 class EngineRequestError(EngineError):
     """The engine rejected the request (HTTP 4xx); the request, not the engine, is at fault."""
+
+
+class EngineProtocolError(EngineError):
+    """The engine does not speak the pinned SGLang API (no such route, or a reply of another
+    shape): the engine, not one request, is at fault, so roles do not turn it into data and
+    the run stops with this one line."""
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -243,20 +252,19 @@ class GenerationClient:
         out: dict[str, str | None] = {}
         decoder = msgspec.json.Decoder(ModelInfo)
 
-        errors: list[str] = []
+        errors: list[EngineError] = []
 
         async def one(url: str) -> None:
             try:
                 body = await self._call(url, routes.MODEL_INFO, None)
                 out[url] = _decode(decoder, body, url, routes.MODEL_INFO).weight_version
             except EngineError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for url in self.urls:
                 tg.start_soon(one, url)
-        if errors:
-            raise EngineError("; ".join(sorted(errors)))
+        _raise_all(errors)
         return out
 
     async def update_weights_from_disk(
@@ -341,7 +349,7 @@ class GenerationClient:
 
     async def _fan_out(self, calls: list[tuple[str, Endpoint, Any]]) -> None:
         """Send every call concurrently; all failures become one EngineError."""
-        errors: list[str] = []
+        errors: list[EngineError] = []
 
         async def one(url: str, ep: Endpoint, req: Any) -> None:
             try:
@@ -349,15 +357,14 @@ class GenerationClient:
                 if ep.reply is not None:
                     out = _decode(msgspec.json.Decoder(ep.reply), body, url, ep)
                     if not out.success:
-                        errors.append(f"engine {url}{ep.path} failed: {out.message}")
+                        errors.append(EngineError(f"engine {url}{ep.path} failed: {out.message}"))
             except EngineError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for call in calls:
                 tg.start_soon(one, *call)
-        if errors:
-            raise EngineError("; ".join(sorted(errors)))
+        _raise_all(errors)
 
     async def _all(self, ep: Endpoint, payload: Any) -> None:
         await self._fan_out([(url, ep, payload) for url in self.urls])
@@ -393,7 +400,7 @@ class GenerationClient:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             if resp.status_code in (404, 405):
-                raise EngineRequestError(
+                raise EngineProtocolError(
                     f"engine {url} does not serve {method} {path} (HTTP {resp.status_code}); "
                     f"the project speaks SGLang {PINNED}'s API: run that release or the CPU engine"
                 )
@@ -408,12 +415,21 @@ class GenerationClient:
         )
 
 
+def _raise_all(errors: list[EngineError]) -> None:
+    """Every engine's failure as one error line; its class when they all share one."""
+    if not errors:
+        return
+    kinds = {type(e) for e in errors}
+    cls = kinds.pop() if len(kinds) == 1 else EngineError
+    raise cls("; ".join(sorted(str(e) for e in errors)))
+
+
 def _decode(decoder: msgspec.json.Decoder, body: bytes, url: str, ep: Endpoint) -> Any:
     """The reply as the endpoint's struct; anything else is one EngineError naming both."""
     try:
         return decoder.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise EngineError(
+        raise EngineProtocolError(
             f"engine {url} sent an unexpected {ep.method} {ep.path} reply ({exc}): "
             f"{body[:200]!r}; is it SGLang {PINNED} or the CPU engine?"
         ) from None

@@ -16,7 +16,13 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from spade_async.generation.client import ClientConfig, EngineError, GenerationClient
+from spade_async.generation.client import (
+    ClientConfig,
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    GenerationClient,
+)
 from spade_async.generation.protocol import SamplingParams
 
 FAST = ClientConfig(max_retries=2, backoff_s=0.05, request_timeout_s=0.5, connect_timeout_s=0.5)
@@ -233,6 +239,8 @@ def test_missing_route_and_unexpected_body_are_one_error_naming_route_and_engine
         ]:
             with pytest.raises(EngineError) as info:
                 anyio.run(main, call)
+            assert isinstance(info.value, EngineProtocolError)  # not a request-only failure
+            assert not isinstance(info.value, EngineRequestError)  # roles must not swallow it
             msg = str(info.value)
             assert url in msg and route in msg and "\n" not in msg, msg
     finally:
