@@ -161,6 +161,19 @@ class SGLangSource:
                 return {"type"}.union(*(_fields(classes, m) for m in alias if m in classes))
         raise KeyError(f"class {cls} not found in SGLang {where or _STRUCT_FILES}")
 
+    def literal_values(self, cls: str, field: str) -> set[str]:
+        """The values of a ``Literal[...]`` field (e.g. ``PauseGenerationReqInput.mode``)."""
+        for path in _STRUCT_FILES:
+            node = _classes(self._trees[path]).get(cls)
+            for s in node.body if node else []:
+                if isinstance(s, ast.AnnAssign) and getattr(s.target, "id", "") == field:
+                    return {
+                        n.value
+                        for n in ast.walk(s.annotation)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                    }
+        raise KeyError(f"{cls}.{field} not found in SGLang {_STRUCT_FILES}")
+
     # ---- server arguments -----------------------------------------------------------------
     def flags(self) -> set[str]:
         return set(self._flags)

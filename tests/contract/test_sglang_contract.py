@@ -85,6 +85,28 @@ def test_raw_http_body_field_exists(sglang_src, call, field):
     assert problem is None, f"{call.where}: {problem}"
 
 
+def _pause_modes():
+    import typing
+
+    from spade_async.schedule_async import PipelineConfig
+    from spade_async.trainer.rpc import PushWeights
+
+    def strings(t) -> set[str]:  # the Literal's values, through Annotated (Doc)
+        return {t} if isinstance(t, str) else set().union(*map(strings, typing.get_args(t)))
+
+    types = [
+        {f.name: f.type for f in msgspec.structs.fields(cls)}["pause_mode"]
+        for cls in (PipelineConfig, PushWeights)
+    ]
+    return sorted(set().union(*map(strings, types)) - {""})
+
+
+@pytest.mark.parametrize("mode", _pause_modes())
+def test_pause_mode_is_one_sglang_knows(sglang_src, mode):
+    """A recipe's pipeline.pause_mode reaches SGLang's PauseGenerationReqInput.mode."""
+    assert mode in sglang_src.literal_values("PauseGenerationReqInput", "mode")
+
+
 # ---- replies -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("ep", "struct", "field"),
