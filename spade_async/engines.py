@@ -20,7 +20,7 @@ import msgspec
 
 from spade_async import watchdog
 from spade_async.config import Doc
-from spade_async.generation.sglang import SGLangConfig, SGLangServer
+from spade_async.generation.sglang import SGLangConfig, SGLangServer, check_flags
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,10 +37,21 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ) = msgspec.field(default_factory=list)
     mem_fraction_static: Doc(float, "SGLang memory fraction for weights + KV cache") = 0.8
     extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
+    deterministic: Doc(
+        bool,
+        "kind = sglang: reproducible plays (--enable-deterministic-inference; SGLang honours "
+        "the agent's sampling_seed only with it, at some speed cost)",
+    ) = False
     base_port: Doc(int, "first engine port (0 = pick free ports)") = 0
     host: Doc(str, "bind address of the engines") = "127.0.0.1"
     start_timeout_s: Doc(float, "limit for an engine to become healthy") = 600.0
     max_restarts: Doc(int, "restarts of a crashed engine before the run stops") = 3
+
+
+def check_engine(cfg: EngineConfig) -> None:
+    """At start and in ``--dry-run``: SGLang flags the pinned release lacks fail, one line."""
+    if cfg.kind == "sglang":
+        check_flags(cfg.extra_args)
 
 
 class CPUEngineServer(SGLangServer):
@@ -51,7 +62,7 @@ class CPUEngineServer(SGLangServer):
     def __init__(
         self, cfg: SGLangConfig, *, threads: int, dtype: str, cpus: list[int] = ()
     ) -> None:
-        super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0]))  # checks only; no GPU used
+        super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0], extra_args=[]))  # checks only
         self.cfg = cfg
         self.argv = [
             sys.executable,
@@ -96,6 +107,7 @@ def servers(
             mem_fraction_static=cfg.mem_fraction_static,
             weight_version=str(weight_version),
             extra_args=list(cfg.extra_args),
+            deterministic=cfg.deterministic,
             start_timeout_s=cfg.start_timeout_s,
             max_restarts=cfg.max_restarts,
             log_path=str(log_dir / f"engine-{i}.log"),

@@ -149,6 +149,9 @@ def _merge(base: dict, top: dict) -> dict:
 def check(cfg: Config) -> None:
     """Contradictions fail at start with one line."""
     check_placement(cfg)
+    from spade_async.engines import check_engine
+
+    check_engine(cfg.engine)  # SGLang flags the pinned release lacks
     if cfg.mode == "fixed_pool" and not cfg.fixed_pool and not cfg.initial_memory:
         raise ConfigError(
             "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"

@@ -43,9 +43,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ) = 0
     pause_mode: Doc(
         Literal["in_place", "abort", "retract"],
-        "engine pause around the engine-side weight update (in_place keeps running requests "
-        "and their KV cache; abort ends them)",
-    ) = "in_place"
+        "engine pause around the engine-side weight update: retract requeues running requests "
+        "and flushes the KV cache, so no token reuses KV of older weights; in_place keeps "
+        "requests and their KV cache (no flush: later requests may reuse old-weight prefixes); "
+        "abort ends them",
+    ) = "retract"
 
 
 @dataclass

@@ -22,12 +22,15 @@ model saw; the ``Conversation`` keeps what the model saw, which is what training
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from spade_async.errors import ConfigError
 
-__all__ = ["render_prompt", "render_text", "Conversation"]
+__all__ = ["render_prompt", "render_text", "Conversation", "strip_think"]
+
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 _SENTINEL = "@@spade-sentinel@@"
 
@@ -54,6 +57,16 @@ def render_text(
         add_generation_prompt=add_generation_prompt,
         **kwargs,
     )
+
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks (an unclosed one runs to the end;
+    a stray ``</think>`` drops what precedes it, as Qwen3 prompts open the block themselves).
+    What reaches a hint, an environment or a score never carries the reasoning."""
+    if "</think>" in text:
+        tail = text.rsplit("</think>", 1)
+        text = tail[1] if "<think>" not in tail[0] else _THINK.sub("", tail[0]) + tail[1]
+    return _THINK.sub("", text).strip()
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

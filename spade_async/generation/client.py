@@ -4,7 +4,9 @@ Talks to SGLang servers (GPU) and to the project's CPU engine (``server.py``) al
 Every request has a timeout; transport failures (refused, reset, timed out, 5xx) are
 retried with exponential backoff, then raise one ``EngineError`` naming the URL. A 4xx
 (e.g. a prompt longer than the context) raises ``EngineRequestError`` at once: the request
-was bad, the engine is fine. A ``CapacityLimiter`` bounds in-flight requests; routing picks
+was bad, the engine is fine. A missing route (404/405) or a reply that is not the endpoint's
+struct raises ``EngineProtocolError`` naming the route and the engine: it is not the
+pinned SGLang API, and nothing retries that. Paths and structs: ``routes.py``. A ``CapacityLimiter`` bounds in-flight requests; routing picks
 the least-loaded healthy engine, and ``session_key`` keeps a multi-turn episode on the
 engine that already holds its prefix (SGLang's radix cache then reuses it).
 
@@ -25,23 +27,28 @@ import msgspec
 
 from spade_async.config import Doc
 from spade_async.errors import SpadeError
+from spade_async.generation import routes
 from spade_async.generation.protocol import (
+    ContinueGenerationReqInput,
     GenerateOutput,
     GenerateReqInput,
     MemoryOccupationReqInput,
     ModelInfo,
+    PauseGenerationReqInput,
     SamplingParams,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromTensorReqInput,
-    UpdateWeightsReqOutput,
 )
+from spade_async.generation.routes import Endpoint
+from spade_async.generation.sglang_source import PINNED
 
 __all__ = [
     "ClientConfig",
     "GenerateResult",
     "EngineError",
     "EngineRequestError",
+    "EngineProtocolError",
     "GenerationClient",
 ]
 
@@ -52,6 +59,12 @@ class EngineError(SpadeError):
 
 class EngineRequestError(EngineError):
     """The engine rejected the request (HTTP 4xx); the request, not the engine, is at fault."""
+
+
+class EngineProtocolError(EngineError):
+    """The engine does not speak the pinned SGLang API (no such route, or a reply of another
+    shape): the engine, not one request, is at fault, so roles do not turn it into data and
+    the run stops with this one line."""
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -73,9 +86,19 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str  # "stop" | "length" | "abort"
     matched: int | str | None  # the stop token id or stop string that ended generation
     text: str
-    weight_version: str | None
+    weight_version: str | None  # the weights of the last token (meta_info.weight_version)
     prompt_tokens: int
     url: str
+    policy_version: str | None = None  # the oldest weights behind any token (meta_info spans)
+
+    def policy(self, fallback: int) -> int:
+        """The turn's policy version as the trainer counts them (``policy_version``, the
+        oldest weights behind these tokens); ``fallback`` when the engine's is not a number."""
+        version = self.policy_version if self.policy_version is not None else self.weight_version
+        try:
+            return int(version) if version is not None else fallback
+        except ValueError:
+            return fallback
 
 
 _RETRY_STATUS = frozenset({500, 502, 503, 504})
@@ -166,13 +189,10 @@ class GenerationClient:
             url = self.pick(session_key)
             self._inflight[url] += 1
             try:
-                body = await self._post(url, "/generate", msgspec.json.encode(req))
+                body = await self._call(url, routes.GENERATE, req)
             finally:
                 self._inflight[url] -= 1
-        try:
-            outs = _GEN_DECODER.decode(body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise EngineError(f"engine {url} sent a malformed /generate reply: {exc}") from None
+        outs = _decode(_GEN_DECODER, body, url, routes.GENERATE)
         outs = outs if isinstance(outs, list) else [outs]
         return [_result(o, url) for o in outs]
 
@@ -184,7 +204,7 @@ class GenerationClient:
         async def probe(url: str) -> None:
             try:
                 with anyio.fail_after(self.config.health_timeout_s):
-                    resp = await self._http.get(url + "/health")
+                    resp = await self._http.get(url + routes.HEALTH.path)
                 status[url] = resp.status_code == 200
             except (httpx.HTTPError, TimeoutError):
                 status[url] = False
@@ -206,37 +226,45 @@ class GenerationClient:
         )
 
     async def pause(self, mode: str = "abort") -> None:
-        await self._all("/pause_generation", {"mode": mode})
+        """SGLang ``/pause_generation``; only ``retract`` and ``abort`` let a flush follow."""
+        await self._all(routes.PAUSE, PauseGenerationReqInput(mode=mode))
 
     async def resume(self) -> None:
-        await self._all("/continue_generation", {})
+        await self._all(routes.CONTINUE, ContinueGenerationReqInput())
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
         """SGLang ``/release_memory_occupation`` on every engine (``None``: weights and KV
         cache). Colocated training frees the GPUs this way; engines must be idle."""
-        await self._all("/release_memory_occupation", MemoryOccupationReqInput(tags=tags))
+        await self._all(routes.RELEASE_MEMORY, MemoryOccupationReqInput(tags=tags))
 
     async def resume_memory(self, tags: list[str] | None = None) -> None:
         """SGLang ``/resume_memory_occupation`` (``None``: everything released)."""
-        await self._all("/resume_memory_occupation", MemoryOccupationReqInput(tags=tags))
+        await self._all(routes.RESUME_MEMORY, MemoryOccupationReqInput(tags=tags))
 
     async def flush_cache(self) -> None:
-        await self._all("/flush_cache", None)
+        """Drop every engine's prefix (radix) cache; SGLang refuses (HTTP 400) while requests
+        run, so call it idle or paused with ``retract``/``abort``."""
+        await self._all(routes.FLUSH_CACHE, None)
 
     async def weight_versions(self) -> dict[str, str | None]:
-        """Each engine's current weight version (from /get_model_info)."""
+        """Each engine's current weight version (``GET /model_info``; SGLang 0.5.23 serves no
+        ``/get_weight_version``)."""
         out: dict[str, str | None] = {}
+        decoder = msgspec.json.Decoder(ModelInfo)
+
+        errors: list[EngineError] = []
 
         async def one(url: str) -> None:
             try:
-                body = await self._request("GET", url, "/get_model_info", None)
-            except EngineRequestError:  # newer SGLang renamed it
-                body = await self._request("GET", url, "/model_info", None)
-            out[url] = msgspec.json.decode(body, type=ModelInfo).weight_version
+                body = await self._call(url, routes.MODEL_INFO, None)
+                out[url] = _decode(decoder, body, url, routes.MODEL_INFO).weight_version
+            except EngineError as exc:
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for url in self.urls:
                 tg.start_soon(one, url)
+        _raise_all(errors)
         return out
 
     async def update_weights_from_disk(
@@ -251,7 +279,7 @@ class GenerationClient:
             weight_version=weight_version,
             abort_all_requests=abort_all_requests,
         )
-        return await self._update("/update_weights_from_disk", req)
+        return await self._update(routes.UPDATE_FROM_DISK, req)
 
     async def init_weights_update_group(
         self,
@@ -275,10 +303,7 @@ class GenerationClient:
             ranks, master_address, master_port, group_name=group_name, backend=backend
         )
         await self._fan_out(
-            [
-                (url, "/init_weights_update_group", req)
-                for url, req in zip(self.urls, reqs, strict=True)
-            ]
+            [(url, routes.INIT_WEIGHT_GROUP, req) for url, req in zip(self.urls, reqs, strict=True)]
         )
 
     async def update_weights_from_distributed(
@@ -299,7 +324,7 @@ class GenerationClient:
             weight_version=weight_version,
             flush_cache=flush_cache,
         )
-        return await self._update("/update_weights_from_distributed", req)
+        return await self._update(routes.UPDATE_FROM_DISTRIBUTED, req)
 
     async def update_weights_from_tensor(
         self,
@@ -315,40 +340,42 @@ class GenerationClient:
             weight_version=weight_version,
             flush_cache=flush_cache,
         )
-        return await self._update("/update_weights_from_tensor", req)
+        return await self._update(routes.UPDATE_FROM_TENSOR, req)
 
     # ---- plumbing --------------------------------------------------------------------------
-    async def _update(self, path: str, req: msgspec.Struct) -> dict[str, str | None]:
-        await self._fan_out([(url, path, req) for url in self.urls])
+    async def _update(self, ep: Endpoint, req: msgspec.Struct) -> dict[str, str | None]:
+        await self._fan_out([(url, ep, req) for url in self.urls])
         return await self.weight_versions()
 
-    async def _fan_out(self, calls: list[tuple[str, str, Any]]) -> None:
+    async def _fan_out(self, calls: list[tuple[str, Endpoint, Any]]) -> None:
         """Send every call concurrently; all failures become one EngineError."""
-        errors: list[str] = []
+        errors: list[EngineError] = []
 
-        async def one(url: str, path: str, req: Any) -> None:
+        async def one(url: str, ep: Endpoint, req: Any) -> None:
             try:
-                data = None if req is None else msgspec.json.encode(req)
-                body = await self._post(url, path, data)
+                body = await self._call(url, ep, req)
+                if ep.reply is not None:
+                    out = _decode(msgspec.json.Decoder(ep.reply), body, url, ep)
+                    if not out.success:
+                        errors.append(EngineError(f"engine {url}{ep.path} failed: {out.message}"))
             except EngineError as exc:
-                errors.append(str(exc))
-                return
-            if path.startswith(("/update_weights", "/init_weights")):
-                out = msgspec.json.decode(body, type=UpdateWeightsReqOutput)
-                if not out.success:
-                    errors.append(f"engine {url}{path} failed: {out.message}")
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for call in calls:
                 tg.start_soon(one, *call)
-        if errors:
-            raise EngineError("; ".join(sorted(errors)))
+        _raise_all(errors)
 
-    async def _all(self, path: str, payload: Any) -> None:
-        await self._fan_out([(url, path, payload) for url in self.urls])
+    async def _all(self, ep: Endpoint, payload: Any) -> None:
+        await self._fan_out([(url, ep, payload) for url in self.urls])
 
-    async def _post(self, url: str, path: str, data: bytes | None) -> bytes:
-        return await self._request("POST", url, path, data)
+    async def _call(self, url: str, ep: Endpoint, req: msgspec.Struct | None) -> bytes:
+        """One request of the endpoint table: its method and path, the body encoded from
+        its struct (``req`` must be one of ``ep.request``)."""
+        if req is not None and not isinstance(req, ep.request):
+            raise TypeError(f"{ep.path} takes {ep.request.__name__}, got {type(req).__name__}")
+        data = None if req is None else msgspec.json.encode(req)
+        return await self._request(ep.method, url, ep.path, data)
 
     async def _request(self, method: str, url: str, path: str, data: bytes | None) -> bytes:
         cfg, last = self.config, ""
@@ -372,6 +399,11 @@ class GenerationClient:
             if resp.status_code in _RETRY_STATUS:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
+            if resp.status_code in (404, 405):
+                raise EngineProtocolError(
+                    f"engine {url} does not serve {method} {path} (HTTP {resp.status_code}); "
+                    f"the project speaks SGLang {PINNED}'s API: run that release or the CPU engine"
+                )
             if resp.status_code >= 400:
                 raise EngineRequestError(f"engine {url}{path}: {_message(resp)}")
             self._down.discard(url)
@@ -381,6 +413,26 @@ class GenerationClient:
             f"engine {url}{path} failed after {cfg.max_retries + 1} attempts ({last}); "
             "is the server running and healthy?"
         )
+
+
+def _raise_all(errors: list[EngineError]) -> None:
+    """Every engine's failure as one error line; its class when they all share one."""
+    if not errors:
+        return
+    kinds = {type(e) for e in errors}
+    cls = kinds.pop() if len(kinds) == 1 else EngineError
+    raise cls("; ".join(sorted(str(e) for e in errors)))
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes, url: str, ep: Endpoint) -> Any:
+    """The reply as the endpoint's struct; anything else is one EngineError naming both."""
+    try:
+        return decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise EngineProtocolError(
+            f"engine {url} sent an unexpected {ep.method} {ep.path} reply ({exc}): "
+            f"{body[:200]!r}; is it SGLang {PINNED} or the CPU engine?"
+        ) from None
 
 
 def _message(resp: httpx.Response) -> str:
@@ -408,6 +460,7 @@ def _result(out: GenerateOutput, url: str) -> GenerateResult:
         matched=finish.matched if finish is not None else None,
         text=out.text,
         weight_version=meta.weight_version,
+        policy_version=meta.oldest_version(),
         prompt_tokens=meta.prompt_tokens,
         url=url,
     )

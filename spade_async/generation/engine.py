@@ -54,7 +54,9 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
     text_end: int | None = None  # stop-string trim position in the decoded text
-    weight_version: str = ""
+    weight_version: str = ""  # the weights of the last token
+    # (version, tokens generated before it was replaced) per weight swap while running
+    version_events: list[tuple[str, int]] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -241,6 +243,9 @@ class Engine:
         return taken
 
     def _do_swap(self, swap: _Swap) -> None:
+        for seq in self.active:  # rows kept across the swap: their tokens so far are older
+            if seq.output_ids:
+                seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
         with self._cond:
             self.released.discard("weights")  # a new model brings its own weights
@@ -363,6 +368,7 @@ class Engine:
 
     def _resolve(self, seq: Sequence) -> None:
         seq.weight_version = self.weight_version
+        seq.version_events.append((self.weight_version, len(seq.output_ids)))
         if not seq.future.done():
             seq.future.set_result(seq)
 

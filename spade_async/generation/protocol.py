@@ -1,7 +1,8 @@
 """Wire structs for the subset of SGLang's native HTTP API the project uses.
 
-Matched against SGLang v0.5.x (``python/sglang/srt/managers/io_struct.py`` and
-``python/sglang/srt/entrypoints/http_server.py``, checked at 0.5.3): ``GenerateReqInput``,
+Matched against the pinned SGLang 0.5.23 (``sglang/srt/managers/io_struct.py``,
+``sglang/api/v1/api_types.py``, ``sglang/srt/entrypoints/http_server.py``; every field is
+checked against that source by ``tests/contract``, the paths live in ``routes.py``): ``GenerateReqInput``,
 ``SamplingParams``, ``UpdateWeightFromDiskReqInput``/``Output``,
 ``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``,
 ``UpdateWeightsFromTensorReqInput``. Field names and defaults follow SGLang; only the
@@ -33,6 +34,10 @@ __all__ = [
     "GenerateOutput",
     "UpdateWeightFromDiskReqInput",
     "UpdateWeightsReqOutput",
+    "UpdateWeightFromDiskReqOutput",
+    "WeightVersionSpan",
+    "PauseGenerationReqInput",
+    "ContinueGenerationReqInput",
     "InitWeightsUpdateGroupReqInput",
     "UpdateWeightsFromDistributedReqInput",
     "UpdateWeightsFromTensorReqInput",
@@ -87,13 +92,27 @@ class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
     message: str | None = None
 
 
+class WeightVersionSpan(msgspec.Struct, kw_only=True):
+    """Output tokens ``[start, end)`` were generated with weights ``version`` (SGLang writes
+    these when a weight update lands while the request runs, e.g. paused ``in_place``)."""
+
+    version: str
+    start: int
+    end: int
+
+
 class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason | None
-    weight_version: str = "default"
+    weight_version: str = "default"  # the weights of the last generated token
+    weight_versions: list[WeightVersionSpan] | None = None  # per token span, oldest first
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+
+    def oldest_version(self) -> str:
+        """The oldest weights any output token was generated with (the turn's policy)."""
+        return self.weight_versions[0].version if self.weight_versions else self.weight_version
 
 
 class GenerateOutput(msgspec.Struct, kw_only=True):
@@ -118,11 +137,28 @@ class UpdateWeightFromDiskReqInput(msgspec.Struct, kw_only=True, omit_defaults=T
 
 
 class UpdateWeightsReqOutput(msgspec.Struct, kw_only=True):
-    """Reply of every weight-update endpoint (``num_paused_requests`` only from disk)."""
+    """Reply of the weight-update endpoints (and ``/init_weights_update_group``)."""
 
     success: bool
     message: str = ""
+
+
+class UpdateWeightFromDiskReqOutput(UpdateWeightsReqOutput, kw_only=True):
+    """Reply of ``/update_weights_from_disk``: also how many requests it paused."""
+
     num_paused_requests: int = 0
+
+
+class PauseGenerationReqInput(msgspec.Struct, kw_only=True):
+    """``POST /pause_generation``. ``abort`` ends running requests; ``retract`` puts them back
+    in the queue and allows ``/flush_cache`` (their KV cache is recomputed on continue);
+    ``in_place`` keeps them and their KV cache (a flush then fails)."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationReqInput(msgspec.Struct, kw_only=True):
+    """``POST /continue_generation`` (no field sent: SGLang's defaults)."""
 
 
 class InitWeightsUpdateGroupReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -156,7 +192,7 @@ class UpdateWeightsFromTensorReqInput(msgspec.Struct, kw_only=True, omit_default
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
-    """``GET /get_model_info`` (extra keys SGLang sends are ignored when decoding)."""
+    """``GET /model_info`` (extra keys SGLang sends are ignored when decoding)."""
 
     model_path: str
     tokenizer_path: str | None = None

@@ -2,19 +2,21 @@
 
     python -m spade_async.generation.server --model smollm2-135m-instruct --port 30000
 
-Matched against SGLang v0.5.x's native API (``io_struct.py`` ``GenerateReqInput`` and
-``http_server.py`` routes, checked at v0.5.3): ``POST /generate`` (``input_ids`` one
-prompt or a batch, ``text`` too; ``sampling_params`` one dict or one per prompt;
-``return_logprob``, ``return_text_in_logprobs``, ``rid``), ``GET /health``,
-``GET /health_generate``, ``GET /get_model_info`` (also ``/model_info``),
-``GET /get_weight_version`` (also ``/weight_version``), ``POST /flush_cache``,
+Serves exactly the endpoint table of ``routes.py`` (same paths, methods and body structs as
+SGLang 0.5.23; ``tests/contract`` checks it against SGLang's source): ``POST /generate``
+(``input_ids`` one prompt or a batch, ``text`` too; ``sampling_params`` one dict or one per
+prompt; ``return_logprob``, ``return_text_in_logprobs``, ``rid``), ``GET /health``,
+``GET /model_info`` (``weight_version``), ``POST /flush_cache``,
 ``POST /update_weights_from_disk``, ``POST /pause_generation`` (``mode``: ``abort`` default
 as in SGLang; ``in_place`` and ``retract`` both keep requests and resume them),
 ``POST /continue_generation``, ``POST /release_memory_occupation`` and
 ``POST /resume_memory_occupation`` (``tags``: ``weights``, ``kv_cache``, or null for all;
 release only while idle, as SGLang; weights resume with undefined contents until the next
-update, as SGLang without a CPU backup; ``/generate`` answers 409 while released). Errors are HTTP 400 with SGLang's body
-``{"error": {"message": ...}}``; a bad prompt fails only its own request.
+update, as SGLang without a CPU backup; ``/generate`` answers 409 while released). Errors
+are HTTP 400 with SGLang's body ``{"error": {"message": ...}}``; a bad prompt fails only its
+own request. Like SGLang, ``meta_info`` carries ``weight_version`` (the weights of the last
+token) and ``weight_versions`` (``[{version, start, end}]`` spans of output tokens, more than
+one when a weight update landed while the request ran paused ``in_place``).
 
 Not implemented here (GPU-only paths; HTTP 400 saying so): ``/init_weights_update_group``,
 ``/update_weights_from_distributed``, ``/update_weights_from_tensor``, ``stream``,
@@ -47,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from spade_async.generation import routes
 from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
 from spade_async.generation.protocol import (
     GenerateOutput,
@@ -54,9 +57,12 @@ from spade_async.generation.protocol import (
     MemoryOccupationReqInput,
     MetaInfo,
     ModelInfo,
+    PauseGenerationReqInput,
     SamplingParams,
     UpdateWeightFromDiskReqInput,
+    UpdateWeightFromDiskReqOutput,
     UpdateWeightsReqOutput,
+    WeightVersionSpan,
 )
 
 __all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
@@ -204,6 +210,7 @@ class EngineApp:
             completion_tokens=len(ids),
             finish_reason=finish,
             weight_version=seq.weight_version,
+            weight_versions=_spans(seq.version_events),
             output_token_logprobs=logprobs,
         )
         return GenerateOutput(text=text, output_ids=list(ids), meta_info=meta)
@@ -223,20 +230,15 @@ class EngineApp:
             )
         )
 
-    async def weight_version(self, request: Request) -> Response:
-        return JSONResponse({"weight_version": self.engine.weight_version})
-
-    async def load(self, request: Request) -> Response:
-        return JSONResponse({"num_requests": self.engine.load(), **self.engine.stats})
-
     async def flush_cache(self, request: Request) -> Response:
         return Response("Cache flushed.", status_code=200)
 
     async def pause(self, request: Request) -> Response:
-        body = await request.body()
-        mode = (msgspec.json.decode(body) if body else {}).get("mode", "abort")
-        if mode not in ("abort", "in_place", "retract"):
-            return _error(f"pause mode '{mode}' is not one of abort, in_place, retract")
+        try:
+            req = msgspec.json.decode(await request.body() or b"{}", type=PauseGenerationReqInput)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _error(f"pause_generation: {exc}")
+        mode = req.mode
         self.engine.pause(abort=mode == "abort")
         return JSONResponse({"success": True, "message": f"paused ({mode})"})
 
@@ -253,7 +255,7 @@ class EngineApp:
             try:
                 model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
             except Exception as exc:  # a failed load is an answer, the old weights keep serving
-                out = UpdateWeightsReqOutput(
+                out = UpdateWeightFromDiskReqOutput(
                     success=False, message=f"failed to load {req.model_path}: {exc}"
                 )
                 return _json(out, status=400)
@@ -265,7 +267,7 @@ class EngineApp:
             # the old model is now idle: the next update is copied into it
             self._spare = None if self.engine.released else old
         self.model_path = req.model_path
-        out = UpdateWeightsReqOutput(
+        out = UpdateWeightFromDiskReqOutput(
             success=True,
             message=f"loaded {req.model_path} as weight version {version}",
             num_paused_requests=running,
@@ -335,6 +337,22 @@ def _copy_checkpoint(model: Any, file: Path) -> bool:
     return True
 
 
+def _spans(events: list[tuple[str, int]]) -> list[WeightVersionSpan]:
+    """SGLang's ``compute_weight_version_spans``: (version, tokens before it was replaced)
+    events -> consecutive ``[start, end)`` spans, one per version."""
+    spans: list[WeightVersionSpan] = []
+    for version, end in events:
+        if spans and end <= spans[-1].end:
+            continue
+        if spans and version == spans[-1].version:
+            spans[-1].end = end
+            continue
+        spans.append(
+            WeightVersionSpan(version=version, start=spans[-1].end if spans else 0, end=end)
+        )
+    return spans
+
+
 def _next_version(current: str) -> str:
     return str(int(current) + 1) if current.isdigit() else f"{current}+1"
 
@@ -348,29 +366,24 @@ def build_app(app: EngineApp) -> Starlette:
         finally:
             app.engine.stop()
 
-    routes = [
-        Route("/generate", app.generate, methods=["POST"]),
-        Route("/health", app.health, methods=["GET", "POST"]),
-        Route("/health_generate", app.health, methods=["GET", "POST"]),
-        Route("/get_model_info", app.model_info, methods=["GET"]),
-        Route("/model_info", app.model_info, methods=["GET"]),
-        Route("/get_weight_version", app.weight_version, methods=["GET"]),
-        Route("/weight_version", app.weight_version, methods=["GET"]),
-        Route("/get_load", app.load, methods=["GET"]),
-        Route("/flush_cache", app.flush_cache, methods=["GET", "POST"]),
-        Route("/pause_generation", app.pause, methods=["POST"]),
-        Route("/continue_generation", app.resume, methods=["POST"]),
-        Route("/update_weights_from_disk", app.update_from_disk, methods=["POST"]),
-        Route("/release_memory_occupation", app.release_memory, methods=["GET", "POST"]),
-        Route("/resume_memory_occupation", app.resume_memory, methods=["GET", "POST"]),
-    ]
-    for path in (
-        "/init_weights_update_group",
-        "/update_weights_from_distributed",
-        "/update_weights_from_tensor",
-    ):
-        routes.append(Route(path, app.unsupported, methods=["POST"]))
-    return Starlette(routes=routes, lifespan=lifespan)
+    handlers = {
+        routes.GENERATE: app.generate,
+        routes.HEALTH: app.health,
+        routes.MODEL_INFO: app.model_info,
+        routes.FLUSH_CACHE: app.flush_cache,
+        routes.PAUSE: app.pause,
+        routes.CONTINUE: app.resume,
+        routes.UPDATE_FROM_DISK: app.update_from_disk,
+        routes.RELEASE_MEMORY: app.release_memory,
+        routes.RESUME_MEMORY: app.resume_memory,
+        # GPU-only paths: answered with a clear "not supported" (HTTP 400)
+        routes.INIT_WEIGHT_GROUP: app.unsupported,
+        routes.UPDATE_FROM_DISTRIBUTED: app.unsupported,
+        routes.UPDATE_FROM_TENSOR: app.unsupported,
+    }
+    # every path and method is one of the endpoint table's (a subset of SGLang's: contract)
+    table = [Route(e.path, handlers[e], methods=[e.method]) for e in routes.ENDPOINTS]
+    return Starlette(routes=table, lifespan=lifespan)
 
 
 def make_engine_app(

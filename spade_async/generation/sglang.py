@@ -1,8 +1,12 @@
 """SGLang launcher: build, start, health-wait, supervise, restart and stop SGLang servers.
 
-Thin adapter around ``python -m sglang.launch_server`` (matched against SGLang v0.5.x
-server arguments: ``--model-path --host --port --tp-size --mem-fraction-static
---base-gpu-id --weight-version``). SGLang is never imported here: it runs in its own
+Thin adapter around ``python -m sglang.launch_server`` of the pinned SGLang (``PINNED``;
+its flags are in ``sglang_flags.txt``, kept equal to the release's source by
+``tests/contract``): ``--model-path --host --port --tp-size --mem-fraction-static
+--base-gpu-id --weight-version``, ``--enable-deterministic-inference`` when the run asks
+for reproducible plays (SGLang ignores ``sampling_seed`` without it), and
+``extra_args``; a flag the pinned release lacks is a ``ConfigError`` before anything
+starts. SGLang is never imported here: it runs in its own
 process, where its side effects stay (it installs uvloop as the event-loop policy, forces
 the ``spawn`` start method, installs SIGCHLD/SIGQUIT handlers and kills its process tree
 on a child failure). The server gets its GPUs through ``CUDA_VISIBLE_DEVICES`` (so
@@ -33,8 +37,18 @@ from spade_async.config import Doc
 from spade_async.errors import ConfigError
 from spade_async.generation.client import EngineError
 from spade_async.generation.protocol import InitWeightsUpdateGroupReqInput
+from spade_async.generation.sglang_source import PINNED, pinned_flags
 
-__all__ = ["SGLangConfig", "SGLangServer", "build_command", "weight_group_requests"]
+__all__ = [
+    "SGLangConfig",
+    "SGLangServer",
+    "build_command",
+    "check_flags",
+    "weight_group_requests",
+    "DETERMINISTIC_FLAG",
+]
+
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 
 class SGLangConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,6 +60,9 @@ class SGLangConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     mem_fraction_static: Doc(float, "GPU memory fraction for weights + KV cache") = 0.8
     weight_version: Doc(str, "initial weight version the server reports") = "0"
     extra_args: Doc(list[str], "passed through to sglang.launch_server verbatim") = []
+    deterministic: Doc(
+        bool, "pass --enable-deterministic-inference (seeded sampling is honoured only with it)"
+    ) = False
     python: Doc(str, "interpreter to run SGLang with; empty = this one") = ""
     module: Doc(str, "launch module (tests substitute a fake)") = "sglang.launch_server"
     start_timeout_s: Doc(float, "limit for the server to answer /health after launch") = 900.0
@@ -63,6 +80,9 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
         )
     if not 0 < cfg.mem_fraction_static <= 1:
         raise ConfigError(f"mem_fraction_static={cfg.mem_fraction_static} must be in (0, 1]")
+    if cfg.module == "sglang.launch_server":
+        check_flags(cfg.extra_args)
+    wanted = [DETERMINISTIC_FLAG] if cfg.deterministic else []
     argv = [
         cfg.python or sys.executable,
         "-m",
@@ -81,6 +101,7 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
         "0",
         "--weight-version",
         cfg.weight_version,
+        *[f for f in wanted if f not in cfg.extra_args],
         *cfg.extra_args,
     ]
     env = {
@@ -88,6 +109,23 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
         "SGLANG_RETURN_ORIGINAL_LOGPROB": "0",
     }
     return argv, env
+
+
+def check_flags(args: Sequence[str], where: str = "engine.extra_args") -> None:
+    """Every ``--flag`` in ``args`` must be a launch flag of the pinned SGLang: else one
+    ``ConfigError`` line naming it (and the closest real flag)."""
+    import difflib
+
+    known = pinned_flags()
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            near = difflib.get_close_matches(flag, known, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ConfigError(
+                f"{where}: {flag} is not a flag of SGLang {PINNED} (the pinned release); "
+                f"{hint}remove it or fix the spelling"
+            )
 
 
 def weight_group_requests(

@@ -24,7 +24,7 @@ import msgspec
 
 from spade_async.config import Doc
 from spade_async.envs.pool import EnvError, EnvPool
-from spade_async.generation.chat import Conversation
+from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.rewards import agent_outcome
@@ -163,9 +163,11 @@ async def play_episode(
             start = len(conv.token_ids)
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
-            versions.append(_version(res.weight_version, version))
-            with busy("env_pool"):
-                obs, step_reward, terminated, truncated, _ = await pool.step(inst, res.text)
+            versions.append(res.policy(version))  # the engine's, for the tokens it generated
+            with busy("env_pool"):  # the environment never sees the reasoning
+                obs, step_reward, terminated, truncated, _ = await pool.step(
+                    inst, strip_think(res.text)
+                )
             if terminated or truncated:
                 status = "terminated" if terminated else "truncated"
                 reward = agent_outcome(step_reward, terminated)
@@ -210,13 +212,6 @@ async def play_episode(
 @contextlib.contextmanager
 def _no_busy(stage: str):
     yield
-
-
-def _version(reported: str | None, fallback: int) -> int:
-    try:
-        return int(reported) if reported is not None else fallback
-    except ValueError:
-        return fallback
 
 
 def transcript(ep: Episode) -> str:

@@ -21,7 +21,7 @@ from spade_async.config import Doc
 from spade_async.envs.extract import extract_code
 from spade_async.envs.pool import EnvPool
 from spade_async.envs.validate import Verdict, validate_source
-from spade_async.generation.chat import Conversation
+from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.memory.records import Origin, make_record
@@ -162,7 +162,7 @@ async def design_group(
             logprobs=list(res.logprobs),
             skill=skill,
             doc_id=doc_id,
-            version=version,
+            version=res.policy(version),  # the engine's, for the tokens it generated
             verdict=Verdict(valid=False, stage="syntax", reason="no reply"),
             examples=list(examples or []),
         )
@@ -227,7 +227,7 @@ def _rejected(prompt_ids, skill, doc_id, version, reason: str) -> DesignSample:
 
 
 async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | None, Verdict]:
-    source = extract_code(reply)
+    source = extract_code(strip_think(reply))  # code inside the reasoning is not the answer
     if not source:
         return None, Verdict(valid=False, stage="syntax", reason="the reply holds no Python code")
     return source, await validate_source(source, pool=pool, seeds=cfg.validation_seeds)

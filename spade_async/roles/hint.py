@@ -1,6 +1,7 @@
 """The hint writer: the same policy reads an environment's code and writes a privileged hint.
 
-Never trained. The prompt forbids leaking the answer, and ``leaks_solution`` checks each hint
+Never trained, and rendered with thinking off (Qwen3 ``enable_thinking=False``; a
+``<think>`` block that still appears is stripped). The prompt forbids leaking the answer, and ``leaks_solution`` checks each hint
 against the environment's reference solution (replayed from a fresh instance): a leaking hint
 is regenerated up to ``retries`` times, then dropped. Leaks are counted for the dashboard.
 """
@@ -15,7 +16,7 @@ import msgspec
 from spade_async.config import Doc
 from spade_async.envs.pool import EnvError, EnvPool
 from spade_async.envs.validate import solution_actions
-from spade_async.generation.chat import render_prompt
+from spade_async.generation.chat import render_prompt, strip_think
 from spade_async.generation.client import GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.roles.agent import EnvRef
@@ -68,6 +69,7 @@ async def write_hint(
             {"role": "system", "content": hint_system(env.setting)},
             {"role": "user", "content": hint_prompt(env.source[: cfg.max_code_chars])},
         ],
+        enable_thinking=False,  # a hint is an answer, not a chain of thought (Qwen3)
     )
     leaks = tokens = 0
     for _ in range(cfg.retries + 1):
@@ -77,7 +79,7 @@ async def write_hint(
             return_logprob=False,
         )
         tokens += len(res.output_ids)
-        text = res.text.strip()
+        text = strip_think(res.text)  # a template without a thinking switch may still think
         if not text:
             continue
         if actions and leaks_solution(text, actions):

@@ -5,7 +5,7 @@ HTTP):
 
 - ``disk`` (CPU engine, or any SGLang): export HF safetensors (streamed shards) into a shared-memory (or temp)
   directory, ``POST /update_weights_from_disk {"model_path", "weight_version"}``, then
-  ``GET /get_weight_version`` must return the trainer's version. The previous export is
+  ``GET /model_info`` must report the trainer's ``weight_version``. The previous export is
   removed once every engine has moved on.
 - ``distributed`` (SGLang on other GPUs): once, ``POST /init_weights_update_group`` to each
   engine while rank 0 joins the same NCCL group as rank 0 (engines take ranks
@@ -80,7 +80,7 @@ def _check(url: str, resp: httpx.Response) -> dict:
 
 
 def _verify(client: httpx.Client, url: str, version: int) -> str:
-    got = client.get(f"{url}/get_weight_version").json().get("weight_version")
+    got = client.get(f"{url}/model_info").json().get("weight_version")  # SGLang 0.5.23
     if str(got) != str(version):
         raise WeightPushError(
             f"engine {url} reports weight version {got!r} after the push, trainer is at {version}"

@@ -40,7 +40,7 @@ def test_push_to_cpu_engine_reports_trainer_version(tiny_model, tmp_path):
             client.train_step(batch)
         pushed = client.push_weights([url], shm_dir=str(tmp_path / "shm"))
         assert pushed.version == 2 and pushed.engines == {url: "2"}
-        assert httpx.get(f"{url}/get_weight_version").json()["weight_version"] == "2"
+        assert httpx.get(f"{url}/model_info").json()["weight_version"] == "2"
         client.export_hf(str(tmp_path / "hf"))
         prompt = [1, 5, 9]
         out = httpx.post(

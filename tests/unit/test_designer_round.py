@@ -50,7 +50,7 @@ class ScriptedClient:
                 finish_reason="stop",
                 matched=None,
                 text=r,
-                weight_version="0",
+                weight_version="3",  # the designer records the engine's version
                 prompt_tokens=len(input_ids),
                 url="scripted",
             )

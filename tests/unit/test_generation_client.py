@@ -10,12 +10,19 @@ import threading
 import time
 
 import anyio
+import msgspec
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from spade_async.generation.client import ClientConfig, EngineError, GenerationClient
+from spade_async.generation.client import (
+    ClientConfig,
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    GenerationClient,
+)
 from spade_async.generation.protocol import SamplingParams
 
 FAST = ClientConfig(max_retries=2, backoff_s=0.05, request_timeout_s=0.5, connect_timeout_s=0.5)
@@ -156,12 +163,12 @@ def test_request_bodies_follow_sglang_io_struct():
                 "id": "x", "prompt_tokens": 2, "completion_tokens": 1, "cached_tokens": 0,
                 "finish_reason": {"type": "stop", "matched": 7}, "weight_version": "v1",
                 "output_token_logprobs": [[-0.5, 7, None]], "e2e_latency": 0.1}})
-        if request.url.path == "/get_model_info":
+        if request.url.path == "/model_info":
             return JSONResponse({"model_path": "/m", "tokenizer_path": "/m", "is_generation": True,
                                  "weight_version": "v2", "preferred_sampling_params": None})
         return JSONResponse({"success": True, "message": "ok"})
 
-    paths = ["/generate", "/get_model_info", "/init_weights_update_group",
+    paths = ["/generate", "/model_info", "/init_weights_update_group",
              "/update_weights_from_distributed", "/update_weights_from_tensor",
              "/update_weights_from_disk", "/pause_generation", "/continue_generation", "/flush_cache",
              "/release_memory_occupation", "/resume_memory_occupation"]
@@ -203,3 +210,55 @@ def test_request_bodies_follow_sglang_io_struct():
     # SGLang's ReleaseMemoryOccupationReqInput / ResumeMemoryOccupationReqInput: tags or null
     assert seen["/release_memory_occupation"] == {"tags": None}
     assert seen["/resume_memory_occupation"] == {"tags": ["weights"]}
+
+
+def test_missing_route_and_unexpected_body_are_one_error_naming_route_and_engine():
+    """An engine that is not SGLang 0.5.23 (a 404, or a body of another shape) gets one
+    EngineError naming the route and the engine, no traceback, no retry of a 404."""
+    calls = []
+
+    async def model_info(request):
+        calls.append(request.url.path)
+        return JSONResponse({"weight_version": 3})  # no model_path, an int version
+
+    async def generate(request):
+        return JSONResponse({"text": "a", "output_ids": "oops"})
+
+    app = Starlette(routes=[Route("/model_info", model_info), Route("/generate", generate,
+                                                                  methods=["POST"])])
+    url, stop = _serve(app)
+    try:
+        async def main(call):
+            async with GenerationClient([url], FAST) as client:
+                await call(client)
+
+        for call, route in [
+            (lambda c: c.flush_cache(), "POST /flush_cache"),  # 404 here
+            (lambda c: c.weight_versions(), "GET /model_info"),
+            (lambda c: c.generate([1, 2]), "POST /generate"),
+        ]:
+            with pytest.raises(EngineError) as info:
+                anyio.run(main, call)
+            assert isinstance(info.value, EngineProtocolError)  # not a request-only failure
+            assert not isinstance(info.value, EngineRequestError)  # roles must not swallow it
+            msg = str(info.value)
+            assert url in msg and route in msg and "\n" not in msg, msg
+    finally:
+        stop()
+    assert calls == ["/model_info"]
+
+
+def test_policy_version_is_the_oldest_span():
+    """meta_info.weight_versions (SGLang) -> the turn's policy version is the oldest."""
+    from spade_async.generation.client import _result
+    from spade_async.generation.protocol import GenerateOutput
+
+    out = msgspec.json.decode(json.dumps({"text": "", "output_ids": [1, 2, 3], "meta_info": {
+        "id": "r", "prompt_tokens": 1, "completion_tokens": 3, "finish_reason": None,
+        "weight_version": "5", "weight_versions": [
+            {"version": "4", "start": 0, "end": 2}, {"version": "5", "start": 2, "end": 3}]}}),
+        type=GenerateOutput)
+    res = _result(out, "http://e")
+    assert (res.weight_version, res.policy_version) == ("5", "4")
+    out.meta_info.weight_versions = None  # an engine without spans: its one version
+    assert _result(out, "http://e").policy_version == "5"

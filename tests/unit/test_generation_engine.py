@@ -240,8 +240,11 @@ def test_logprobs_match_the_trainers_policy_model(url, tiny_model):
 
 def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_model):
     """The RL push: pause in place, load new weights, continue; the in-flight request
-    finishes and reports the new version (no deadlock waiting for it to drain)."""
+    finishes and reports the new version (no deadlock waiting for it to drain); as SGLang,
+    its meta_info spans say which tokens came from the old weights, so its policy version
+    (for staleness and importance weights) is the old one."""
     other = tiny_model_dir(tmp_path / "pushed", seed=2)
+    before = engine_app.engine.weight_version
 
     async def main():
         async with GenerationClient([url]) as client:
@@ -254,7 +257,9 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one)
                 with anyio.fail_after(60):
-                    while not engine_app.engine.active:  # wait until it is mid-generation
+                    while not (  # wait until it is mid-generation
+                        engine_app.engine.active and engine_app.engine.active[0].output_ids
+                    ):
                         await anyio.sleep(0.01)
                 await client.pause(mode="in_place")
                 with anyio.fail_after(60):
@@ -265,6 +270,7 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
 
     res, versions = _run(main)
     assert versions[url] == "pushed" and res.weight_version == "pushed"
+    assert res.policy_version == before != "pushed"
     assert len(res.output_ids) == 90 and res.finish_reason == "length"
 
 

@@ -156,3 +156,105 @@ def test_real_sglang_server_generates(tiny_model):
 
     res = anyio.run(main)
     assert len(res.output_ids) == 4 and len(res.logprobs) == 4
+
+
+@pytest.mark.gpu
+def test_real_sglang_contract_paths(tiny_model):
+    """On a GPU node with the pinned SGLang: seeded plays repeat under deterministic
+    inference, the version comes from /model_info and meta_info, a push paused with
+    ``retract`` lands (and flushes), memory release/resume round-trips. Not run on CPU."""
+    pytest.importorskip("sglang")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from spade_async.generation.client import GenerationClient
+    from spade_async.generation.protocol import SamplingParams
+
+    cfg = SGLangConfig(model_path=str(tiny_model), gpu_ids=[0], port=_free_port(),
+                       mem_fraction_static=0.3, deterministic=True,
+                       extra_args=["--enable-memory-saver"])
+    ids = [1, 2, 3, 4]
+    sp = SamplingParams(max_new_tokens=8, temperature=0.8, sampling_seed=5)
+
+    async def main():
+        async with SGLangServer(cfg) as server, GenerationClient([server.url]) as client:
+            url = server.url
+            a, b = await client.generate(ids, sp), await client.generate(ids, sp)
+            assert a.output_ids == b.output_ids  # sampling_seed honoured
+            assert a.weight_version == a.policy_version == "0"
+            assert (await client.weight_versions()) == {url: "0"}
+            await client.pause("retract")
+            pushed = await client.update_weights_from_disk(str(tiny_model), weight_version="1")
+            await client.flush_cache()  # legal while paused with retract
+            await client.resume()
+            assert pushed == {url: "1"}
+            c = await client.generate(ids, sp)
+            assert c.weight_version == c.policy_version == "1" and c.output_ids == a.output_ids
+            await client.release_memory()
+            await client.resume_memory(["weights"])
+            await client.update_weights_from_disk(str(tiny_model), weight_version="2")
+            await client.resume_memory(["kv_cache"])
+            d = await client.generate(ids, sp)
+            assert d.weight_version == "2" and d.output_ids == a.output_ids
+
+    anyio.run(main)
+
+
+def test_reproducible_plays_pass_deterministic_inference():
+    """SGLang honours sampling_seed only under --enable-deterministic-inference."""
+    argv, _ = build_command(SGLangConfig(model_path="m", gpu_ids=[0], deterministic=True))
+    assert argv.count("--enable-deterministic-inference") == 1
+    argv, _ = build_command(SGLangConfig(
+        model_path="m", gpu_ids=[0], deterministic=True,
+        extra_args=["--enable-deterministic-inference"]))
+    assert argv.count("--enable-deterministic-inference") == 1  # not twice
+    argv, _ = build_command(SGLangConfig(model_path="m", gpu_ids=[0]))
+    assert "--enable-deterministic-inference" not in argv
+
+
+def test_engine_config_deterministic_reaches_the_launcher(tmp_path):
+    from spade_async.engines import EngineConfig, servers
+
+    cfg = EngineConfig(kind="sglang", gpus=[[0]], deterministic=True, base_port=31000)
+    (server,) = servers(cfg, "/m", tmp_path)
+    assert "--enable-deterministic-inference" in server.argv
+
+
+def test_a_flag_the_pinned_release_lacks_fails_at_start():
+    with pytest.raises(ConfigError, match=r"--enable-memory-savr is not a flag of SGLang 0\.5\.23"
+                       r".*did you mean --enable-memory-saver\?"):
+        build_command(SGLangConfig(model_path="m", gpu_ids=[0],
+                                   extra_args=["--enable-memory-savr"]))
+    build_command(SGLangConfig(model_path="m", gpu_ids=[0], extra_args=["--context-length=8192"]))
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_recipe_with_an_unknown_sglang_flag_exits_2_in_one_line(dry, capsys, tmp_path):
+    from spade_async.cli import main
+
+    argv = ["train", "configs/qwen3-8b-games.toml", "--run-dir", str(tmp_path / "run"),
+            "--set", 'engine.extra_args=["--enable-determinstic-inference"]']
+    with monkeypatch_cwd():
+        rc = main(argv + (["--dry-run"] if dry else []))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "--enable-determinstic-inference is not a flag of SGLang" in err[0]
+    assert "did you mean --enable-deterministic-inference?" in err[0]
+    assert not (tmp_path / "run").exists()  # nothing created
+
+
+def monkeypatch_cwd():
+    import contextlib
+    import os
+    from pathlib import Path
+
+    @contextlib.contextmanager
+    def cd():
+        old = os.getcwd()
+        os.chdir(Path(__file__).resolve().parents[2])
+        try:
+            yield
+        finally:
+            os.chdir(old)
+
+    return cd()

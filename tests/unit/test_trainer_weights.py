@@ -30,7 +30,7 @@ class FakeEngine:
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
         self.requests.append((path, body))
-        if path == "/get_weight_version":
+        if path == "/model_info":
             return httpx.Response(200, json={"weight_version": self.version})
         if self.refuse:
             return httpx.Response(400, json={"success": False, "message": "nope"})
@@ -54,7 +54,7 @@ def test_disk_push_posts_path_and_checks_version(trainer, tmp_path):
                     transport=httpx.MockTransport(engine))
     assert out == {"http://e1": "7"}
     (path, body), (verify, _) = engine.requests
-    assert path == "/update_weights_from_disk" and verify == "/get_weight_version"
+    assert path == "/update_weights_from_disk" and verify == "/model_info"
     assert body["weight_version"] == "7" and body["model_path"].endswith("/v7")
     from transformers import AutoConfig
 
@@ -123,7 +123,7 @@ def test_disk_push_pauses_only_around_the_update(trainer, tmp_path):
               stats=stats, transport=httpx.MockTransport(engine))
     paths = [p for p, _ in engine.requests]
     assert paths == ["/pause_generation", "/update_weights_from_disk", "/continue_generation",
-                     "/get_weight_version"]
+                     "/model_info"]
     assert engine.requests[0][1] == {"mode": "in_place"}
     assert engine.requests[1][1]["flush_cache"] is False
     assert stats["paused_s"] > 0
@@ -155,6 +155,6 @@ def test_distributed_push_in_place_never_flushes_and_streams_buckets(trainer):
     )
     paths = [p for p, _ in engine.requests]
     assert paths[0] == "/pause_generation" and paths[-2:] == ["/continue_generation",
-                                                              "/get_weight_version"]
+                                                              "/model_info"]
     updates = [b for p, b in engine.requests if p == "/update_weights_from_distributed"]
     assert len(updates) >= 2 and not any(b["flush_cache"] for b in updates)
