@@ -45,6 +45,11 @@ def _schema(node: Any) -> Any:
     return node
 
 
+def _short(description: str) -> str:
+    """Drop BFCL's per-tool boilerplate ("This tool belongs to ... Tool description: ")."""
+    return description.split("Tool description: ", 1)[-1].strip()
+
+
 def parse_call(text: str) -> list:
     """``"cd(folder='x')"`` -> ``["cd", [], {"folder": "x"}]`` (literals only)."""
     call = ast.parse(text.strip(), mode="eval").body
@@ -90,7 +95,9 @@ class BFCLMultiTurn(Suite):
             rows = {
                 c: (
                     (root / f"BFCL_v4_multi_turn_{c}.json").read_text().splitlines(),
-                    (root / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json").read_text().splitlines(),
+                    (root / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")
+                    .read_text()
+                    .splitlines(),
                 )
                 for c in CATEGORIES
             }
@@ -123,7 +130,7 @@ class BFCLMultiTurn(Suite):
     def _tools(self, item: Item, turn: int) -> list[dict]:
         hidden = {n for t, names in item.meta["missed"].items() if int(t) > turn for n in names}
         return [
-            {"type": "function", "function": {"name": d["name"], "description": d["description"],
+            {"type": "function", "function": {"name": d["name"], "description": _short(d["description"]),
                                               "parameters": _schema(d["parameters"])}}
             for d in item.meta["functions"] if d["name"] not in hidden
         ]  # fmt: skip
@@ -147,7 +154,9 @@ class BFCLMultiTurn(Suite):
             await ctx.pool.reset(inst, seed=0)
             for turn, question in enumerate(meta["questions"]):
                 tools = self._tools(item, turn)
-                system = SYSTEM.format(tools="\n".join(json.dumps(t["function"]) for t in tools))
+                system = SYSTEM.format(
+                    tools="\n".join(json.dumps(t["function"], separators=(",", ":")) for t in tools)
+                )
                 if not messages:
                     messages.append({"role": "system", "content": system})
                 elif str(turn) in meta["missed"]:
@@ -165,7 +174,9 @@ class BFCLMultiTurn(Suite):
                     for c, result in zip(calls, json.loads(obs), strict=True):
                         messages.append({"role": "tool", "name": c[0], "content": result})
                 extracted.append(turn_calls)
-                obs, reward, terminated, _, info = await ctx.pool.step(inst, json.dumps({"end_turn": True}))
+                obs, reward, terminated, _, info = await ctx.pool.step(
+                    inst, json.dumps({"end_turn": True})
+                )
                 if terminated:
                     score, error = reward, info.get("failure")
                     break

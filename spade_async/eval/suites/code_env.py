@@ -7,7 +7,7 @@ one JSON value per input line). The pool's per-call timeout is the per-test time
 infinite loop, a crash or ``os._exit`` kills the worker and the test fails.
 """
 
-SOURCE = r'''
+SOURCE = r"""
 import io
 import json
 import sys
@@ -53,4 +53,4 @@ class CodeCheckEnv:
 
     def solution(self):
         return ""
-'''
+"""

@@ -65,7 +65,9 @@ class GPQADiamond(Suite):
                 options = [right] + [row[f"Incorrect Answer {i}"].strip() for i in (1, 2, 3)]
                 question = row["Question"].strip()
             except (KeyError, AttributeError):
-                raise SpadeError(f"{self.path} row {n}: missing columns; expected {GPQA_FORMAT}") from None
+                raise SpadeError(
+                    f"{self.path} row {n}: missing columns; expected {GPQA_FORMAT}"
+                ) from None
             rng.shuffle(options)
             letter = "ABCD"[options.index(right)]
             text = "\n".join(f"({'ABCD'[i]}) {o}" for i, o in enumerate(options))

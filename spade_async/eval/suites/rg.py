@@ -75,7 +75,9 @@ class ReasoningGym(Suite):
                     return items
                 if task not in datasets:
                     try:
-                        datasets[task] = reasoning_gym.create_dataset(task, seed=SEED, size=EPISODES)
+                        datasets[task] = reasoning_gym.create_dataset(
+                            task, seed=SEED, size=EPISODES
+                        )
                     except Exception as exc:  # noqa: BLE001 - a broken generator skips its task
                         datasets[task] = None
                         self.notes.append(f"task {task} skipped: {type(exc).__name__}: {exc}"[:200])
