@@ -96,12 +96,18 @@ async def evaluate(
             if pool is None and any(s.needs_pool for s in suites):
                 pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
             ctx = Context(generate, checker, pool, policy_version)
-            for suite, items in loaded:
+
+            async def run_suite(suite: Suite, items: list[Item]) -> None:
                 settings = settings_for(suite, n=n, max_tokens=max_tokens)
                 samples = await _play_suite(suite, items, settings, ctx, limiter)
                 if out is not None:
                     write_samples(out / f"{suite.name}.jsonl", samples)
                 results[suite.name] = summarize(suite, samples, settings, model, policy_version)
+
+            async with anyio.create_task_group() as tg:  # suites share the concurrency bound
+                for suite, items in loaded:
+                    tg.start_soon(run_suite, suite, items)
+    results = {s.name: results[s.name] for s in suites}  # the order asked for
     res = Results(model=model, policy_version=policy_version, complete=True, suites=results,
                   seconds=time.perf_counter() - t0)  # fmt: skip
     if out is not None:

@@ -13,6 +13,9 @@ fallback), run in a checker process with a timeout (``spade_async.eval.checker``
 
 from __future__ import annotations
 
+import importlib.util
+import json
+
 from spade_async.errors import SpadeError
 from spade_async.eval.checker import CheckTimeout, rg_score
 from spade_async.eval.extract import last_answer_tag
@@ -47,6 +50,18 @@ EPISODES = 8
 SEED = 42
 
 
+def _gold(entry: dict) -> str:
+    """The reference answer; tasks with many right answers carry one as ``example_answer``."""
+    if entry.get("answer") is not None:
+        return str(entry["answer"])
+    meta = entry.get("metadata", {})
+    for key in ("example_answer", "example_correct_answer", "possible_answer"):
+        if key in meta:
+            value = meta[key]
+            return json.dumps(value) if isinstance(value, dict) else str(value)
+    return ""  # rush_hour: no reference solution ships with the entry
+
+
 class ReasoningGym(Suite):
     sampling = Sampling(n=1, temperature=0.6, top_p=0.8, top_k=20, max_tokens=8192)
     majority = False  # free-form answers: equal strings are not the only right ones
@@ -57,41 +72,24 @@ class ReasoningGym(Suite):
         self.notes: list[str] = ["reasoning-gym default task configs (not the A.3 hard split)"]
 
     def load(self, limit: int) -> list[Item]:
-        try:
-            import reasoning_gym
-            from reasoning_gym.utils import SYSTEM_PROMPTS
-        except ModuleNotFoundError as exc:
+        if importlib.util.find_spec("reasoning_gym") is None:
             raise SpadeError(
-                f"suite {self.name} needs reasoning-gym ({exc.name} is missing): "
-                "pip install 'spade-async[eval]'"
-            ) from None
-        system = SYSTEM_PROMPTS["default"]
-        items: list[Item] = []
-        datasets = {}
-        # interleaved (task 1 ep 0, task 2 ep 0, ...) so a --limit still spans tasks
-        for ep in range(EPISODES):
-            for task in BUCKETS[self.bucket]:
-                if limit and len(items) >= limit:
-                    return items
-                if task not in datasets:
-                    try:
-                        datasets[task] = reasoning_gym.create_dataset(
-                            task, seed=SEED, size=EPISODES
-                        )
-                    except Exception as exc:  # noqa: BLE001 - a broken generator skips its task
-                        datasets[task] = None
-                        self.notes.append(f"task {task} skipped: {type(exc).__name__}: {exc}"[:200])
-                ds = datasets[task]
-                if ds is None:
-                    continue
-                entry = ds[ep]
-                items.append(Item(
-                    id=f"{task}/{ep}",
-                    messages=[{"role": "system", "content": system},
-                              {"role": "user", "content": entry["question"]}],
-                    answer=str(entry["answer"]), meta={"task": task, "index": ep},
-                ))  # fmt: skip
-        return items
+                f"suite {self.name} needs reasoning-gym: pip install 'spade-async[eval]' "
+                "(or make install)"
+            )
+        from spade_async.eval.suites.rg_gen import generate
+
+        rows, notes, system = generate(BUCKETS[self.bucket], EPISODES, SEED, limit)
+        self.notes += notes
+        return [
+            Item(
+                id=f"{r['task']}/{r['index']}",
+                messages=[{"role": "system", "content": system},
+                          {"role": "user", "content": r["entry"]["question"]}],
+                answer=_gold(r["entry"]), meta={"task": r["task"], "entry": r["entry"]},
+            )
+            for r in rows
+        ]  # fmt: skip
 
     async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
         answer = last_answer_tag(completion)
@@ -99,7 +97,7 @@ class ReasoningGym(Suite):
             return None, 0.0
         try:
             reward = await ctx.checker.call(
-                rg_score, item.meta["task"], SEED, EPISODES, item.meta["index"], answer
+                rg_score, item.meta["task"], SEED, EPISODES, item.meta["entry"], answer
             )
         except CheckTimeout:
             reward = 0.0
