@@ -88,7 +88,14 @@ async def evaluate(
     """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
     t0 = time.perf_counter()
     suites = [make_suite(name, data) for name in names]
-    loaded = [(s, s.load(limit)) for s in suites]
+    loaded: list[tuple[Suite, list[Item]]] = [(s, []) for s in suites]
+
+    async def load(i: int) -> None:  # loaders spawn processes or read files: overlap them
+        loaded[i] = (suites[i], await anyio.to_thread.run_sync(suites[i].load, limit))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(suites)):
+            tg.start_soon(load, i)
     results: dict[str, SuiteResult] = {}
     limiter = anyio.CapacityLimiter(concurrency)
     with Checker() as checker:
