@@ -19,7 +19,7 @@ import msgspec
 
 from spade_async.errors import UsageError
 from spade_async.eval.report import compare, print_table
-from spade_async.eval.suites import SUITES, make_suite
+from spade_async.eval.suites import SHIPPED, SUITES, make_suite
 from spade_async.eval.types import Results
 
 __all__ = ["main"]
@@ -77,6 +77,9 @@ def main(argv: list[str]) -> int:
     else:
         if not args.target:
             raise UsageError("name a model or run directory to evaluate (or --responses/--compare)")
+        for name in names:  # user-file suites: a missing file fails before any engine starts
+            if name not in SHIPPED:
+                make_suite(name, data).load(1)
         res = anyio.run(_generate, args, names, out, data)
     print_table(res)
     if args.json:
