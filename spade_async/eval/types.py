@@ -78,3 +78,6 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_tokens: Doc(int, "new tokens per completion; 0 = each suite's default") = 0
     before_train: Doc(bool, "also evaluate the initial policy (version 0)") = False
     concurrency: Doc(int, "most evaluation requests in flight at once") = 16
+    data: Doc(
+        dict[str, str], "data paths of user-file suites, e.g. {gpqa_diamond = 'gpqa.csv'}"
+    ) = {}
