@@ -17,6 +17,7 @@ from spade_async.corpus.base import CorpusConfig
 from spade_async.engines import EngineConfig
 from spade_async.envs.pool import PoolConfig
 from spade_async.errors import ConfigError
+from spade_async.eval.types import EvalConfig
 from spade_async.generation.client import ClientConfig
 from spade_async.memory.store import MemoryConfig
 from spade_async.placement import PlacementConfig
@@ -119,6 +120,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         PlacementConfig
     )
     pipeline: Doc(PipelineConfig, "async schedule: streams and concurrency") = _s(PipelineConfig)
+    eval: Doc(EvalConfig, "held-out evaluation during training (spade_async.eval)") = _s(EvalConfig)
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -152,6 +154,9 @@ def check(cfg: Config) -> None:
     from spade_async.engines import check_engine
 
     check_engine(cfg.engine)  # SGLang flags the pinned release lacks
+    from spade_async.eval.inloop import check as check_eval
+
+    check_eval(cfg.eval)
     if cfg.mode == "fixed_pool" and not cfg.fixed_pool and not cfg.initial_memory:
         raise ConfigError(
             "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"

@@ -12,6 +12,7 @@ import signal
 import anyio
 
 from spade_async.cycle import Window
+from spade_async.eval.inloop import evaluator
 from spade_async.recipe import Config
 from spade_async.rundir import RunDir
 from spade_async.runtime import Runtime, open_runtime
@@ -27,6 +28,7 @@ async def train(cfg: Config, run_dir: RunDir, *, handle_signals: bool = True) ->
         )
         async with anyio.create_task_group() as work:
             work.start_soon(_abort_after_grace, stop, work.cancel_scope, cfg.shutdown_grace_s)
+            work.start_soon(evaluator, rt, stop)  # [eval]: held-out evaluation, engines shared
             await _schedule(rt, stop)
             work.cancel_scope.cancel()
         if stop.is_set():

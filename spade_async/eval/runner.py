@@ -1,0 +1,122 @@
+"""Play suites concurrently and write ``<suite>.jsonl`` + ``results.json`` (atomically, last).
+
+    results = await evaluate(["aime25"], generate, out=Path("eval"), n=1, limit=2)
+
+Every (problem, sample) is one task in a task group, bounded by ``concurrency``; the engine
+batches them. A suite's JSONL is written when the suite finishes; ``results.json`` only
+when every suite has, through a temporary file and a rename, so a crash never leaves a
+partial ``results.json`` looking complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from spade_async.envs.pool import EnvPool, PoolConfig
+from spade_async.eval.checker import Checker
+from spade_async.eval.metrics import suite_metrics
+from spade_async.eval.suites import Context, Generator, Suite, make_suite
+from spade_async.eval.types import Item, Results, Sample, Sampling, SuiteResult
+from spade_async.rundir import write_atomic
+
+__all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL"]
+
+# one fresh worker per code sample / BFCL episode; the call timeout is the per-test timeout
+EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
+
+
+def settings_for(suite: Suite, *, n: int = 0, max_tokens: int = 0) -> Sampling:
+    s = suite.sampling
+    changes: dict[str, Any] = {}
+    if n:
+        changes["n"] = n
+    if max_tokens:
+        changes["max_tokens"] = max_tokens
+    return msgspec.structs.replace(s, **changes)
+
+
+def summarize(suite: Suite, samples: list[Sample], settings: Sampling, model: str,
+              policy_version: int | None) -> SuiteResult:  # fmt: skip
+    k = settings.n
+    return SuiteResult(
+        suite=suite.name, metrics=suite_metrics(samples, k=k, majority=suite.majority),
+        n_problems=len({s.id for s in samples}), samples=len(samples), k=k, settings=settings,
+        model=model, policy_version=policy_version, notes=list(getattr(suite, "notes", [])),
+    )  # fmt: skip
+
+
+def write_samples(path: Path, samples: list[Sample]) -> None:
+    ordered = sorted(samples, key=lambda s: (s.id, s.sample))
+    write_atomic(path, b"".join(msgspec.json.encode(s) + b"\n" for s in ordered))
+
+
+async def _play_suite(suite: Suite, items: list[Item], settings: Sampling, ctx: Context,
+                      limiter: anyio.CapacityLimiter) -> list[Sample]:  # fmt: skip
+    out: list[Sample] = []
+
+    async def one(item: Item, k: int) -> None:
+        async with limiter:
+            out.append(await suite.play(item, k, settings, ctx))
+
+    async with anyio.create_task_group() as tg:
+        for item in items:
+            for k in range(settings.n):
+                tg.start_soon(one, item, k)
+    return out
+
+
+async def evaluate(
+    names: list[str],
+    generate: Generator,
+    *,
+    out: Path | None,
+    model: str,
+    n: int = 0,
+    limit: int = 0,
+    max_tokens: int = 0,
+    concurrency: int = 32,
+    data: dict[str, str] | None = None,
+    policy_version: int | None = None,
+    pool: EnvPool | None = None,
+) -> Results:
+    """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
+    t0 = time.perf_counter()
+    suites = [make_suite(name, data) for name in names]
+    loaded: list[tuple[Suite, list[Item]]] = [(s, []) for s in suites]
+
+    async def load(i: int) -> None:  # loaders spawn processes or read files: overlap them
+        loaded[i] = (suites[i], await anyio.to_thread.run_sync(suites[i].load, limit))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(suites)):
+            tg.start_soon(load, i)
+    results: dict[str, SuiteResult] = {}
+    limiter = anyio.CapacityLimiter(concurrency)
+    with Checker() as checker:
+        async with contextlib.AsyncExitStack() as stack:
+            if pool is None and any(s.needs_pool for s in suites):
+                pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
+            ctx = Context(generate, checker, pool, policy_version)
+
+            async def run_suite(suite: Suite, items: list[Item]) -> None:
+                settings = settings_for(suite, n=n, max_tokens=max_tokens)
+                samples = await _play_suite(suite, items, settings, ctx, limiter)
+                if out is not None:
+                    write_samples(out / f"{suite.name}.jsonl", samples)
+                results[suite.name] = summarize(suite, samples, settings, model, policy_version)
+
+            async with anyio.create_task_group() as tg:  # suites share the concurrency bound
+                for suite, items in loaded:
+                    tg.start_soon(run_suite, suite, items)
+    results = {s.name: results[s.name] for s in suites}  # the order asked for
+    res = Results(model=model, policy_version=policy_version, complete=True, suites=results,
+                  seconds=time.perf_counter() - t0)  # fmt: skip
+    if out is not None:
+        write_atomic(out / "results.json", msgspec.json.format(msgspec.json.encode(res)))
+    return res

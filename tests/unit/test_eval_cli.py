@@ -1,0 +1,85 @@
+"""``spade eval``: bad input is one line and exit 2; --responses re-scores; --compare."""
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from spade_async.cli import main
+from spade_async.eval.runner import evaluate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eval_scripted import Scripted  # noqa: E402
+
+
+def _gpqa(tmp_path: Path, n: int = 12) -> Path:
+    rows = [{"Question": f"Q{i}?", "Correct Answer": f"right{i}", "Incorrect Answer 1": "w1",
+             "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"} for i in range(n)]  # fmt: skip
+    path = tmp_path / "gpqa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run(tmp_path, name, reply, data):
+    out = tmp_path / name
+    out.mkdir()
+
+    async def go():
+        return await evaluate(["gpqa_diamond"], Scripted(reply), out=out, model=name, n=2,
+                              data={"gpqa_diamond": str(data)})  # fmt: skip
+
+    return out, anyio.run(go)
+
+
+def _letter(item, messages):
+    return f"\\boxed{{{item.answer}}}"
+
+
+def _half(item, messages):  # right on even questions only
+    return _letter(item, messages) if int(item.id.split("-")[1]) % 2 == 0 else "\\boxed{Z}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["eval", "m", "--suites", "aime_25"], "did you mean 'aime25'"),
+        (["eval", "m", "--suites", ""], "--suites is empty"),
+        (["eval", "m", "--suites", "gpqa_diamond", "--data", "gpqa_diamond=/nope.csv"], "expected the GPQA-Diamond file"),
+        (["eval", "--compare", "/nope/a.json", "/nope/b.json"], "no such results.json"),
+        (["eval", "--responses", "/nope.jsonl", "--suites", "aime25"], "no such responses file"),
+        (["eval", "--suites", "aime25"], "name a model or run directory"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err
+
+
+def test_results_files_rescoring_and_compare(tmp_path, capsys):
+    data = _gpqa(tmp_path)
+    a_dir, a = _run(tmp_path, "a", _half, data)
+    b_dir, b = _run(tmp_path, "b", _letter, data)
+    assert a.suites["gpqa_diamond"].metrics["avg@2"] == 0.5
+    assert b.suites["gpqa_diamond"].metrics == {"avg@2": 1.0, "pass@1": 1.0, "pass@2": 1.0, "maj@2": 1.0}
+    res = json.loads((a_dir / "results.json").read_text())
+    assert res["complete"] and res["suites"]["gpqa_diamond"]["samples"] == 24
+    # re-score A's completions: same scores, no generation
+    assert main(["eval", "--responses", str(a_dir / "gpqa_diamond.jsonl"), "--suites", "gpqa_diamond",
+                 "--data", f"gpqa_diamond={data}", "--out", str(tmp_path / "re"), "--json"]) == 0  # fmt: skip
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["suites"]["gpqa_diamond"]["metrics"]["avg@2"] == 0.5
+    # compare: B - A = +0.5 on every paired problem set; the interval brackets it
+    assert main(["eval", "--compare", str(a_dir / "results.json"), str(b_dir / "results.json"), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["suites"][0]
+    assert row["diff"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["problems"] == 12
+
+
+def test_malformed_responses_file_names_the_line(tmp_path, capsys):
+    data = _gpqa(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "gpqa-1", "sample": 0, "prompt": "", "completion": "", "answer": "A", "extracted": null, "score": 0}\nnot json\n')
+    assert main(["eval", "--responses", str(bad), "--suites", "gpqa_diamond", "--data", f"gpqa_diamond={data}"]) == 2
+    assert f"{bad}:2:" in capsys.readouterr().err

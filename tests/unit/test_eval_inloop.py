@@ -1,0 +1,77 @@
+"""In-loop evaluation: when it fires, what it logs, and recipe checks."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import anyio
+import pytest
+
+from spade_async import recipe
+from spade_async.errors import ConfigError
+from spade_async.eval import inloop
+from spade_async.eval.types import EvalConfig
+
+
+def test_due():
+    cfg = EvalConfig(interval=3, before_train=True)
+    assert [v for v in range(10) if inloop.due(cfg, v, None)] == [0, 3, 6, 9]
+    assert not inloop.due(cfg, 3, 3)
+    assert [v for v in range(5) if inloop.due(EvalConfig(interval=2), v, None)] == [2, 4]
+    assert not any(inloop.due(EvalConfig(), v, None) for v in range(5))
+
+
+def test_recipe_eval_section():
+    cfg = recipe.load(None, ["eval.interval=4", 'eval.suites=["rg_logic"]'])
+    assert cfg.eval.interval == 4 and cfg.eval.suites == ["rg_logic"]
+    with pytest.raises(ConfigError, match="did you mean 'rg_logic'"):
+        recipe.load(None, ['eval.suites=["rg_logik"]'])
+
+
+class _Tel:
+    def __init__(self):
+        self.records = []
+
+    def log(self, step, values, *, kind="step"):
+        self.records.append((step, kind, values))
+
+
+def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
+    rows = [{"Question": f"Q{i}?", "Correct Answer": "yes", "Incorrect Answer 1": "a",
+             "Incorrect Answer 2": "b", "Incorrect Answer 3": "c"} for i in range(4)]  # fmt: skip
+    data = tmp_path / "gpqa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = EvalConfig(interval=2, before_train=True, suites=["gpqa_diamond"], n=2,
+                     data={"gpqa_diamond": str(data)})  # fmt: skip
+
+    class Gold:
+        def __init__(self, client, tokenizer):
+            pass
+
+        async def __call__(self, messages, sampling, *, item=None):
+            return f"\\boxed{{{item.answer}}}"
+
+    monkeypatch.setattr(inloop, "ClientGenerator", Gold)
+    monkeypatch.setattr(inloop, "POLL_S", 0.01)
+    rt = SimpleNamespace(
+        cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None, pool=None,
+        tel=_Tel(), state=SimpleNamespace(version=0, step=0), run_dir=SimpleNamespace(root=tmp_path),
+    )  # fmt: skip
+
+    async def main():
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(inloop.evaluator, rt, stop)
+            for v in range(1, 5):  # training advances the policy meanwhile
+                await anyio.sleep(0.2)
+                rt.state.version = rt.state.step = v
+            await anyio.sleep(0.3)
+            stop.set()
+
+    anyio.run(main)
+    versions = [vals["eval/policy_version"] for _, kind, vals in rt.tel.records]
+    assert versions == [0, 2, 4]
+    assert all(kind == "eval" and vals["eval/gpqa_diamond/avg@2"] == 1.0 for _, kind, vals in rt.tel.records)
+    for v in versions:
+        res = json.loads((Path(tmp_path) / "eval" / f"v{v}" / "results.json").read_text())
+        assert res["policy_version"] == v and res["suites"]["gpqa_diamond"]["samples"] == 8
