@@ -8,9 +8,7 @@ processes that died earlier before it starts one (trainer/exports.py).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 from loop_helpers import HERE
 
+from spade_async import watchdog
 from spade_async.trainer import exports
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.launch import TrainerProcess
@@ -26,6 +25,13 @@ from spade_async.trainer.launch import TrainerProcess
 
 def _paths(pid: int) -> list:
     return [root / f"{exports.PREFIX}{pid}" for root in exports.export_roots()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _push(tiny_model, tmp_path) -> tuple[TrainerProcess, int]:
@@ -55,13 +61,19 @@ def test_export_is_removed_after_a_clean_stop_and_stale_ones_at_start(tiny_model
 
 def test_export_is_removed_after_the_trainer_is_killed(tiny_model, tmp_path):
     proc, pid = _push(tiny_model, tmp_path)
-    os.kill(pid, signal.SIGKILL)  # the trainer dies without any cleanup of its own
+    ranks = watchdog.descendants(pid)
+    assert ranks
+    watchdog.kill_tree(pid)  # torchrun and its ranks die without any cleanup of their own
     deadline = time.monotonic() + 30
     while proc.alive() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert proc.alive() is not None
     proc.kill()  # what the controller does with a dead trainer
     assert not any(p.exists() for p in _paths(pid))
+    deadline = time.monotonic() + 10
+    while (left := [r for r in ranks if _running(r)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], "trainer ranks outlived the test"
 
 
 def _spade_train(tiny_model, tmp_path, run_dir, max_steps: int) -> subprocess.Popen:
