@@ -132,6 +132,10 @@ def load_policy(
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
+    if cfg.hsdp:  # (nodes, ranks per node): replicate across nodes, shard within one
+        from spade_async.launch.nodes import hsdp_mesh
+
+        kw["mesh"] = hsdp_mesh(device)
     if device.type == "cuda":
         causal_lm.to(device)
     for layer in decoder_layers(causal_lm):
