@@ -89,6 +89,9 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     rdzv_id: Doc(str, "rendezvous id shared by every node of one job ('' = the run name)") = ""
     engine_nodes: Doc(int, "nodes that only run SGLang engines (spade slurm puts them first)") = 0
     engines_per_node: Doc(int, "SGLang servers per engine node (spade slurm)") = 8
+    gpus_per_node: Doc(
+        int, "GPUs per node (spade slurm); engine TP = gpus_per_node / engines_per_node"
+    ) = 8
     engine_port: Doc(int, "first SGLang server port on an engine node (spade slurm)") = 30000
     weight_dir: Doc(
         str, "disk weight push: a directory every engine can read ('' = /dev/shm, one node)"
@@ -109,7 +112,7 @@ class PlannedProcess(msgspec.Struct, frozen=True, kw_only=True):
     """One process ``spade train`` would start."""
 
     name: str
-    role: Literal["engine", "trainer"]
+    role: Literal["engine", "router", "trainer"]
     gpus: list[int]
     ranks: int  # tensor-parallel ranks of an engine, torchrun ranks of the trainer
     argv: list[str]
@@ -321,6 +324,20 @@ def launch_plan(
                 argv=list(srv.argv),
                 env=dict(srv.env),
             )
+        )
+    if cfg.engine.router:  # sglang-router in front of the engines (launch/router.py)
+        from spade_async.launch.router import RouterServer
+
+        urls = [p.argv[p.argv.index("--port") + 1] for p in out]
+        router = RouterServer(
+            [f"http://{cfg.engine.host}:{u}" for u in urls] + list(cfg.engine.external),
+            port=cfg.engine.router_port or 30000,
+            host=cfg.engine.host,
+            policy=cfg.engine.router_policy,
+            prometheus_port=29000,
+        )
+        out.append(
+            PlannedProcess(name="router", role="router", gpus=[], ranks=1, argv=router.argv, env={})
         )
     proc = trainer_process(cfg, model_dir, run_dir, load=load)
     pl = cfg.placement

@@ -34,12 +34,15 @@ if TYPE_CHECKING:
 
     from spade_async.recipe import Config
 
-__all__ = ["check_layout", "torchrun_rdzv", "hsdp_mesh", "node_roles", "run_node"]
+__all__ = ["check_layout", "torchrun_rdzv", "hsdp_mesh", "node_roles", "describe_node", "run_node"]
 
 
 def check_layout(cfg: Config) -> None:
     """A layout whose counts, ranks or addresses disagree: one line."""
     pl, eng = cfg.placement, cfg.engine
+    from spade_async.launch.external import check_urls
+
+    check_urls(eng.external)
     if pl.nnodes < 1 or pl.engine_nodes < 0:
         raise ConfigError(
             f"placement.nnodes = {pl.nnodes}, engine_nodes = {pl.engine_nodes}: "
@@ -156,6 +159,21 @@ def node_roles(cfg: Config) -> list[str]:
     else:
         lines.append("controller, engines, router: on training node 0, not here")
     return lines
+
+
+def describe_node(cfg: Config, run_dir) -> str:
+    """``spade train RECIPE --dry-run [--node-rank R]``: node 0 gets the whole launch plan
+    (controller, engines, router, its trainer agent); node R > 0 its trainer agent only."""
+    from spade_async.placement import describe, trainer_process
+
+    pl = cfg.placement
+    several = pl.nnodes > 1 or pl.engine_nodes > 0 or bool(cfg.engine.external)
+    head = [f"node plan: {line}" for line in node_roles(cfg)] if several else []
+    if pl.node_rank == 0:
+        return "\n".join([*head, describe(cfg, run_dir)])
+    proc = trainer_process(cfg, cfg.model, run_dir)
+    env = " ".join(f"{k}={v}" for k, v in proc.env.items())
+    return "\n".join([*head, "commands:", f"  trainer: {env} {' '.join(proc.cmd)}"])
 
 
 def run_node(cfg: Config, model_dir: str, run_dir: str, *, load: str | None = None) -> int:
