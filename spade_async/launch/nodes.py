@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spade_async.errors import ConfigError
@@ -177,11 +178,23 @@ def describe_node(cfg: Config, run_dir) -> str:
 
 
 def run_node(cfg: Config, model_dir: str, run_dir: str, *, load: str | None = None) -> int:
-    """Training node R > 0: run this node's torchrun agent in the foreground until it exits
-    (it exits when the job ends or a rank anywhere dies)."""
+    """Training node R > 0: run this node's torchrun agent in the foreground. It exits 0 when
+    the run ends; when a rank anywhere died it exits non-zero and is started again (up to
+    ``trainer_restarts`` times) to rejoin the rendezvous of node 0's restarted trainer."""
     from spade_async.placement import trainer_process
+    from spade_async.rundir import RunDir
 
-    proc = trainer_process(cfg, model_dir, run_dir, load=load)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **proc.env}
-    print(f"training node {cfg.placement.node_rank}: {' '.join(proc.cmd)}", file=sys.stderr)
-    return subprocess.run(proc.cmd, env=env, check=False).returncode
+    node, code = cfg.placement.node_rank, 1
+    for attempt in range(cfg.trainer_restarts + 1):
+        # every rank loads what node 0 loads: the latest checkpoint on the shared run dir
+        latest = RunDir(Path(run_dir)).latest_checkpoint()
+        proc = trainer_process(
+            cfg, model_dir, run_dir, load=str(latest[1]) if latest is not None else load
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env.update(proc.env)
+        print(f"training node {node} (start {attempt + 1}): {' '.join(proc.cmd)}", file=sys.stderr)
+        code = subprocess.run(proc.cmd, env=env, check=False).returncode
+        if code == 0:
+            return 0
+    return code
