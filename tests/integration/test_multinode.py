@@ -10,7 +10,9 @@ import signal
 import subprocess
 import time
 
+import msgspec
 import pytest
+import torch
 
 from spade_async import recipe
 from spade_async.engines import free_port
@@ -81,15 +83,15 @@ def test_two_node_hsdp_step_equals_one_process_and_lost_node_is_detected(tiny_mo
         from spade_async.trainer.step import Trainer
 
         cfg1 = _cfg(tiny_model, 0, port).trainer
-        one = Trainer(recipe.msgspec.structs.replace(cfg1, hsdp=False), tiny_model).train_step(
-            _batch()
-        )
+        one = Trainer(msgspec.structs.replace(cfg1, hsdp=False), tiny_model).train_step(_batch())
         # the two computations differ in summation order only: the longest fp32 sum is the
         # softmax over the vocabulary (plus the tokens of the batch) -> gamma_n bounds it
         vocab = 49_152
         tol = _gamma(vocab + int(m["tokens"]))
         assert math.isclose(m["loss"], one["loss"], rel_tol=tol, abs_tol=tol)
         assert math.isclose(m["grad_norm"], one["grad_norm"], rel_tol=tol)
+        # a checkpoint of the 2-node HSDP trainer (DCP, resharded on load: below, one rank)
+        client.save(str(tmp_path / "ck"), hf_directory=str(tmp_path / "hf2"))
         # the other node's rank dies: this node's rank fails its next collective at once
         other = [p for p in pong.pids if p not in _tree(node0.proc.pid)]
         assert len(other) == 1
@@ -105,6 +107,19 @@ def test_two_node_hsdp_step_equals_one_process_and_lost_node_is_detected(tiny_mo
         if agent1.poll() is None:
             os.killpg(agent1.pid, signal.SIGKILL)
         agent1.wait(timeout=30)
+    # resumable on a different node count: one process loads the 2-node checkpoint exactly
+    from safetensors.torch import load_file
+
+    from spade_async.trainer.launch import TrainerProcess
+
+    single = msgspec.structs.replace(cfg1, hsdp=False)
+    with TrainerProcess(single, tiny_model, tmp_path / "run1", load=tmp_path / "ck") as c1:
+        assert c1.ping().version == 1
+        c1.export_hf(str(tmp_path / "hf1"))
+    two = load_file(tmp_path / "hf2" / "model.safetensors")
+    one_node = load_file(tmp_path / "hf1" / "model.safetensors")
+    assert two.keys() == one_node.keys()
+    assert all(torch.equal(two[k], one_node[k]) for k in two)  # bit for bit
 
 
 def _tree(pid: int) -> set[int]:
