@@ -274,6 +274,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         )
         if state.meters:
             rt.meters.load_state_dict(state.meters)
+        if external:  # engines this run did not start serve whatever they had: the trainer's now
+            await rt.push(pause=False)
         try:
             yield rt
         finally:
