@@ -16,6 +16,7 @@ from spade_async.rundir import RunDir
 pytest.importorskip("sglang_router")
 
 
+@pytest.mark.slow  # ~45 s alone, over a minute on a loaded machine
 @pytest.mark.timeout(600)
 def test_two_steps_behind_the_router(tiny_model, tmp_path):
     cfg = _config(
@@ -100,3 +101,24 @@ def test_bad_external_engine_is_one_line_exit_2(tmp_path, capsys, tiny_model, ki
     assert len(err) == 1 and f"external engine {url}" in err[0], err
     assert ("not reachable" if kind == "unreachable" else "/get_model_info") in err[0]
     assert descendants(os.getpid()) == []  # nothing was started, nothing is left
+
+
+@pytest.mark.timeout(300)
+def test_router_that_will_not_start_stops_the_run_one_line_nothing_left(
+    tiny_model, tmp_path, capsys
+):
+    import socket
+
+    from spade_async.watchdog import descendants
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["train", "configs/cpu-demo.toml", "--run-dir", str(tmp_path / "run")]
+        argv += ["--set", f"model='{tiny_model}'", "--set", "engine.router=true"]
+        argv += ["--set", f"engine.router_port={port}", "--set", "telemetry.dashboard='off'"]
+        assert cli_main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "router" in err[0] and "exited with status" in err[0], err
+    assert descendants(os.getpid()) == []  # engines, trainer and router are all gone
