@@ -196,9 +196,9 @@ def check(cfg: Config) -> None:
             "disaggregated engines get weights by 'distributed' (NCCL) or 'disk'"
         )
     _check_tp(cfg)
-    from spade_async.launch.nodes import check_layout
+    from spade_async.launch.layout import check_layout
 
-    check_layout(cfg)
+    check_layout(cfg, push_mode(cfg))
 
 
 def _check_tp(cfg: Config) -> None:
@@ -282,7 +282,7 @@ def trainer_process(
 ) -> TrainerProcess:
     """The trainer's torchrun process as the placement says: ranks, threads, visible GPUs."""
     from spade_async import watchdog
-    from spade_async.launch.nodes import torchrun_rdzv
+    from spade_async.launch.layout import torchrun_rdzv
     from spade_async.trainer.launch import TrainerProcess
 
     pl = cfg.placement

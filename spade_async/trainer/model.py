@@ -133,7 +133,7 @@ def load_policy(
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
     if cfg.hsdp:  # (nodes, ranks per node): replicate across nodes, shard within one
-        from spade_async.launch.nodes import hsdp_mesh
+        from spade_async.launch.layout import hsdp_mesh
 
         kw["mesh"] = hsdp_mesh(device)
     if device.type == "cuda":

@@ -12,7 +12,7 @@ import pytest
 from spade_async import recipe
 from spade_async.cli import main as cli_main
 from spade_async.errors import ConfigError
-from spade_async.launch.nodes import torchrun_rdzv
+from spade_async.launch.layout import torchrun_rdzv
 from spade_async.launch.slurm import sbatch_script
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
