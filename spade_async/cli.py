@@ -19,6 +19,7 @@ COMMANDS = {
     "dashboard": ("spade_async.telemetry.cli", "watch a run's metrics in the terminal"),
     "demo": ("spade_async.demo", "run the demo on the embedded default model"),
     "eval": ("spade_async.eval.cli", "held-out evaluation: AIME, HumanEval, reasoning-gym, BFCL, ..."),
+    "slurm": ("spade_async.launch.slurm", "print an sbatch script for a multi-node recipe"),
 }
 
 

@@ -433,6 +433,8 @@ async def health(rt: Runtime) -> dict[str, bool]:
     status = await rt.client.check_health()
     out = {f"engine/{i}/healthy": status.get(url, False) for i, url in enumerate(rt.engine_urls)}
     out["trainer/healthy"] = rt.trainer_proc.alive() is None
+    if getattr(rt.client, "router_url", None):  # engine.router = true
+        out["router/healthy"] = status.get(rt.client.router_url, False)
     return out
 
 

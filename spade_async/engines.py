@@ -46,6 +46,20 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     host: Doc(str, "bind address of the engines") = "127.0.0.1"
     start_timeout_s: Doc(float, "limit for an engine to become healthy") = 600.0
     max_restarts: Doc(int, "restarts of a crashed engine before the run stops") = 3
+    # ---- beyond one node (spade_async/launch/) ----
+    router: Doc(
+        bool,
+        "put SGLang's router (sglang-router) in front of the engines; generation goes through it",
+    ) = False
+    router_policy: Doc(
+        Literal["cache_aware", "round_robin", "power_of_two", "random"],
+        "the router's policy; cache_aware keeps an episode on the engine holding its prefix",
+    ) = "cache_aware"
+    router_port: Doc(int, "the router's port (0 = a free port)") = 0
+    external: Doc(
+        list[str],
+        "engines started elsewhere (http://host:port), attached and pushed to, left running at exit",
+    ) = []
 
 
 def check_engine(cfg: EngineConfig) -> None:

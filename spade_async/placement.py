@@ -73,6 +73,29 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         "IPC, colocated SGLang); auto picks disk for CPU engines or CPU trainer ranks, else "
         "tensor when colocated, else distributed",
     ) = "auto"
+    # ---- several nodes (spade_async/launch/nodes.py) ----
+    nnodes: Doc(
+        int, "training nodes; each runs placement.trainer_gpus ranks (torchrun --nnodes)"
+    ) = 1
+    node_rank: Doc(int, "this node's rank among the training nodes (0 runs the controller)") = 0
+    master_addr: Doc(
+        str, "training node 0's address: torchrun rendezvous and NCCL weight push ('' = local)"
+    ) = ""
+    master_port: Doc(int, "torchrun rendezvous port on master_addr") = 29500
+    rdzv_backend: Doc(
+        Literal["c10d", "static"],
+        "torchrun rendezvous across nodes; c10d ranks nodes by address, static by node_rank",
+    ) = "c10d"
+    rdzv_id: Doc(str, "rendezvous id shared by every node of one job ('' = the run name)") = ""
+    engine_nodes: Doc(int, "nodes that only run SGLang engines (spade slurm puts them first)") = 0
+    engines_per_node: Doc(int, "SGLang servers per engine node (spade slurm)") = 8
+    gpus_per_node: Doc(
+        int, "GPUs per node (spade slurm); engine TP = gpus_per_node / engines_per_node"
+    ) = 8
+    engine_port: Doc(int, "first SGLang server port on an engine node (spade slurm)") = 30000
+    weight_dir: Doc(
+        str, "disk weight push: a directory every engine can read ('' = /dev/shm, one node)"
+    ) = ""
 
 
 def push_mode(cfg: Config) -> str:
@@ -89,7 +112,7 @@ class PlannedProcess(msgspec.Struct, frozen=True, kw_only=True):
     """One process ``spade train`` would start."""
 
     name: str
-    role: Literal["engine", "trainer"]
+    role: Literal["engine", "router", "trainer"]
     gpus: list[int]
     ranks: int  # tensor-parallel ranks of an engine, torchrun ranks of the trainer
     argv: list[str]
@@ -108,7 +131,7 @@ def check(cfg: Config) -> None:
             f"engine.gpus = {eng.gpus} but engine.kind = 'cpu' (CPU engines use no GPU): "
             "remove engine.gpus or set engine.kind = 'sglang'"
         )
-    if eng.kind == "sglang" and not eng.gpus:
+    if eng.kind == "sglang" and not eng.gpus and not eng.external and not pl.engine_nodes:
         raise ConfigError(
             "engine.kind = 'sglang' needs engine.gpus, one list per server (its TP group), "
             "e.g. gpus = [[0], [1]] or [[0, 1, 2, 3]]"
@@ -173,6 +196,9 @@ def check(cfg: Config) -> None:
             "disaggregated engines get weights by 'distributed' (NCCL) or 'disk'"
         )
     _check_tp(cfg)
+    from spade_async.launch.layout import check_layout
+
+    check_layout(cfg, push_mode(cfg))
 
 
 def _check_tp(cfg: Config) -> None:
@@ -266,6 +292,7 @@ def trainer_process(
 ) -> TrainerProcess:
     """The trainer's torchrun process as the placement says: ranks, threads, visible GPUs."""
     from spade_async import watchdog
+    from spade_async.launch.layout import torchrun_rdzv
     from spade_async.trainer.launch import TrainerProcess
 
     pl = cfg.placement
@@ -277,6 +304,7 @@ def trainer_process(
         nproc=len(pl.trainer_gpus) or pl.cpu_ranks,
         threads=pl.trainer_threads,
         env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in pl.trainer_gpus)},
+        rdzv=torchrun_rdzv(cfg, cfg.name),
     )
     # the ranks die with the controller, even on kill -9, and stay on their cores
     proc.cmd = watchdog.prefix(cpus=pl.trainer_cpus) + proc.cmd
@@ -306,6 +334,20 @@ def launch_plan(
                 argv=list(srv.argv),
                 env=dict(srv.env),
             )
+        )
+    if cfg.engine.router:  # sglang-router in front of the engines (launch/router.py)
+        from spade_async.launch.router import RouterServer
+
+        urls = [p.argv[p.argv.index("--port") + 1] for p in out]
+        router = RouterServer(
+            [f"http://{cfg.engine.host}:{u}" for u in urls] + list(cfg.engine.external),
+            port=cfg.engine.router_port or 30000,
+            host=cfg.engine.host,
+            policy=cfg.engine.router_policy,
+            prometheus_port=29000,
+        )
+        out.append(
+            PlannedProcess(name="router", role="router", gpus=[], ranks=1, argv=router.argv, env={})
         )
     proc = trainer_process(cfg, model_dir, run_dir, load=load)
     pl = cfg.placement

@@ -26,6 +26,8 @@ from spade_async.corpus import Corpus, open_corpus
 from spade_async.engines import running_engines
 from spade_async.envs.pool import EnvPool
 from spade_async.generation.client import GenerationClient
+from spade_async.launch.external import attach
+from spade_async.launch.router import RoutedClient, running_router
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
@@ -189,7 +191,9 @@ async def _import_initial(
                 tg.start_soon(partial(import_files, store, src, pool=pool, writer=writer, **kw))
 
 
-def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
+def push_kwargs(
+    cfg: Config, urls: list[str], *, external_tp: list[int] | None = None
+) -> dict[str, Any]:
     """How ``push_weights`` reaches the engines (``placement.push_mode``): the engine URLs
     (GPU paths append each server's TP size), the mode, and for NCCL the rendezvous of
     trainer rank 0 and the engines (all on this node)."""
@@ -206,14 +210,18 @@ def push_kwargs(cfg: Config, urls: list[str]) -> dict[str, Any]:
         elif arg.startswith("--dtype="):
             dtype = arg.split("=", 1)[1]
     if mode == "disk":
-        return {"engines": list(urls), "mode": mode, "dtype": dtype}
-    engines = [f"{u}#tp={max(1, len(g))}" for u, g in zip(urls, cfg.engine.gpus, strict=True)]
+        kw: dict[str, Any] = {"engines": list(urls), "mode": mode, "dtype": dtype}
+        if cfg.placement.weight_dir:  # external engines on another node read it from here
+            kw["shm_dir"] = cfg.placement.weight_dir
+        return kw
+    tps = [max(1, len(g)) for g in cfg.engine.gpus] + list(external_tp or [])
+    engines = [f"{u}#tp={tp}" for u, tp in zip(urls, tps, strict=True)]
     if mode == "tensor":  # CUDA IPC: each TP rank gets handles from the trainer rank on its GPU
         gpus = [",".join(map(str, g)) for g in cfg.engine.gpus]
         engines = [f"{e};gpus={g}" for e, g in zip(engines, gpus, strict=True)]
-    kw: dict[str, Any] = {"engines": engines, "mode": mode, "dtype": dtype}
-    if mode == "distributed":
-        kw.update(master_address="127.0.0.1", master_port=free_port())
+    kw = {"engines": engines, "mode": mode, "dtype": dtype}
+    if mode == "distributed":  # engines elsewhere reach the trainer node at master_addr
+        kw.update(master_address=cfg.placement.master_addr or "127.0.0.1", master_port=free_port())
     return kw
 
 
@@ -225,6 +233,7 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         state = msgspec.json.decode(
             (resumed[1] / "controller.json").read_bytes(), type=ControllerState
         )
+    external = await attach(cfg.engine.external) if cfg.engine.external else {}
     model_dir = resolve_model(cfg.model)
     engine_model = run_dir.hf if resumed is not None and run_dir.hf.is_dir() else model_dir
     tokenizer = load_tokenizer(str(model_dir) if Path(str(model_dir)).is_dir() else cfg.model)
@@ -261,10 +270,15 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         engines = await stack.enter_async_context(
             running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
         )
-        urls = [e.url for e in engines]
+        urls = [e.url for e in engines] + list(external)  # external: never stopped by us
+        router = await stack.enter_async_context(running_router(cfg.engine, urls, run_dir.root))
         await trainer_up.wait()
         await imported.wait()
-        client = await stack.enter_async_context(GenerationClient(urls, cfg.client))
+        client = await stack.enter_async_context(
+            GenerationClient(urls, cfg.client)
+            if router is None
+            else RoutedClient(router.url, urls, cfg.client)
+        )
         tel = stack.enter_context(
             Telemetry(run_dir.root, cfg.telemetry, run_config=to_toml_dict(cfg))
         )
@@ -282,10 +296,10 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             tel=tel,
             engine_urls=urls,
             state=state,
-            engines=engines,
+            engines=engines + ([router] if router is not None else []),
             resume_note=_resume_note(run_dir, resumed, state),
             release_memory=cfg.placement.colocate and cfg.placement.release_memory,
-            push_kw=push_kwargs(cfg, urls),
+            push_kw=push_kwargs(cfg, urls, external_tp=list(external.values())),
             model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
@@ -293,6 +307,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             rt.meters.load_state_dict(state.meters)
         for e in engines:  # a restarted engine gets the current weights at once
             e.on_restart = rt.engine_restarted
+        if external:  # engines this run did not start serve whatever they had: the trainer's now
+            await rt.push(pause=False)
         try:
             yield rt
         finally:

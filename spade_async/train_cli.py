@@ -31,12 +31,29 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="print the launch plan (every process, its GPUs, its command line) and exit",
     )
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        help="several nodes: this training node's rank (placement.node_rank); a node other "
+        "than 0 runs only its trainer ranks",
+    )
     args = p.parse_args(argv)
+    if args.node_rank is not None:
+        args.overrides.append(f"placement.node_rank={args.node_rank}")
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.config))
     if args.dry_run:  # the plan only: nothing is started or created
         cfg = recipe.load(run_dir.config if run_dir.exists() else args.config, args.overrides)
-        print(placement.describe(cfg, run_dir.root))
+        from spade_async.launch.nodes import describe_node
+
+        print(describe_node(cfg, run_dir.root))
         return 0
+    if args.node_rank:  # training node R > 0: its torchrun agent only, in the foreground
+        from spade_async.launch.nodes import run_node
+        from spade_async.models import resolve_model
+
+        cfg = recipe.load(args.config, args.overrides)
+        return run_node(cfg, str(resolve_model(cfg.model)), str(run_dir.root))
     if run_dir.exists():  # resume: the saved config is the base, new overrides still apply
         cfg = recipe.load(run_dir.config, args.overrides)
         placement.check_devices(cfg)

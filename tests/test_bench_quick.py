@@ -18,7 +18,15 @@ SCRIPTS = sorted(
 
 
 def test_every_bench_script_is_listed():
-    assert set(SCRIPTS) == {"env_pool", "generation", "logprob", "memory", "pipeline", "trainer"}
+    assert set(SCRIPTS) == {
+        "env_pool",
+        "generation",
+        "logprob",
+        "memory",
+        "pipeline",
+        "router",
+        "trainer",
+    }
 
 
 @pytest.mark.slow

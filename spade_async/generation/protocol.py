@@ -83,6 +83,15 @@ class GenerateReqInput(
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    # Fields sglang-router (0.3.x) adds when it forwards a request; accepted so the CPU
+    # engine can sit behind the router. The server rejects the ones it cannot honour.
+    model: str | None = None
+    log_metrics: bool = True
+    no_logs: bool = False
+    background: bool = False
+    return_hidden_states: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
 
 
 class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):

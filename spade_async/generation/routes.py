@@ -44,6 +44,9 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
 GENERATE = Endpoint(path="/generate", method="POST", request=GenerateReqInput, reply=GenerateOutput)
 HEALTH = Endpoint(path="/health", method="GET")
 MODEL_INFO = Endpoint(path="/model_info", method="GET", reply=ModelInfo)
+# what sglang-router reads to register a worker (model id, context length; spade_async.launch)
+SERVER_INFO = Endpoint(path="/server_info", method="GET")
+GET_SERVER_INFO = Endpoint(path="/get_server_info", method="GET")
 FLUSH_CACHE = Endpoint(path="/flush_cache", method="POST")
 PAUSE = Endpoint(path="/pause_generation", method="POST", request=PauseGenerationReqInput)
 CONTINUE = Endpoint(path="/continue_generation", method="POST", request=ContinueGenerationReqInput)
@@ -88,6 +91,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     GENERATE,
     HEALTH,
     MODEL_INFO,
+    SERVER_INFO,
+    GET_SERVER_INFO,
     FLUSH_CACHE,
     PAUSE,
     CONTINUE,

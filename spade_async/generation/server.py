@@ -117,6 +117,9 @@ class EngineApp:
     def _normalise(self, req: GenerateReqInput):
         if req.stream:
             raise BadRequest("stream=true is not supported by the CPU engine; send stream=false")
+        for name in ("return_hidden_states", "return_entropy", "return_bytes", "background"):
+            if getattr(req, name):
+                raise BadRequest(f"{name}=true is not supported by the CPU engine; send false")
         if req.top_logprobs_num:
             raise BadRequest("top_logprobs_num is not supported by the CPU engine; send 0")
         if req.return_logprob and req.logprob_start_len not in (-1,):
@@ -228,6 +231,19 @@ class EngineApp:
                 is_generation=True,
                 weight_version=self.engine.weight_version,
             )
+        )
+
+    async def server_info(self, request: Request) -> Response:
+        """What sglang-router reads when it registers a worker (model id, context length)."""
+        return JSONResponse(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "served_model_name": self.model_path,
+                "context_length": self.context_length,
+                "weight_version": self.engine.weight_version,
+                "version": "spade-async-cpu",
+            }
         )
 
     async def flush_cache(self, request: Request) -> Response:
@@ -370,6 +386,8 @@ def build_app(app: EngineApp) -> Starlette:
         routes.GENERATE: app.generate,
         routes.HEALTH: app.health,
         routes.MODEL_INFO: app.model_info,
+        routes.SERVER_INFO: app.server_info,
+        routes.GET_SERVER_INFO: app.server_info,
         routes.FLUSH_CACHE: app.flush_cache,
         routes.PAUSE: app.pause,
         routes.CONTINUE: app.resume,

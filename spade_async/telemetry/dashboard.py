@@ -34,7 +34,7 @@ CURVES = (
 )
 _KNOWN = re.compile(
     r"^(version|max_steps|time/|tokens_per_s/|busy_s/|idle_s/|stream/|designer/|regret/|"
-    r"win_rate/|reward/|memory/|engine/|trainer/healthy|trainer/restarts|staleness/|hint/|"
+    r"win_rate/|reward/|memory/|engine/|trainer/healthy|trainer/restarts|router/healthy|staleness/|hint/|"
     r"train/push|train/lost_batches)"
 )
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -332,6 +332,8 @@ class PlainLogger:
         ]
         if r.get("trainer/healthy") is False:
             down.append("trainer")
+        if r.get("router/healthy") is False:
+            down.append("router")
         if down or "trainer/healthy" in r:
             parts.append("DOWN: " + ", ".join(down) if down else "health ok")
         return " | ".join(parts)

@@ -30,6 +30,7 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   memory/duplicates          int    cumulative near-duplicates rejected by memory
   engine/<i>/healthy         bool   engine i answers /health
   trainer/healthy            bool   trainer ranks alive
+  router/healthy             bool   engine.router: the router answers /health
   staleness/dropped          int    cumulative samples dropped for staleness
   hint/leaks                 int    cumulative hints rejected as leaking the answer
   (any other numeric key, e.g. loss/policy, goes to the sinks and the dashboard's "other")

@@ -168,6 +168,8 @@ def health(st: Any) -> Panel:
 
     for i in sorted(st.keys("engine/", "/healthy"), key=lambda s: (len(s), s)):
         t.add_row(f"engine {i}", dot(r[f"engine/{i}/healthy"]))
+    if "router/healthy" in r:
+        t.add_row("router", dot(r["router/healthy"]))
     if "trainer/healthy" in r:
         t.add_row("trainer", dot(r["trainer/healthy"]))
     return Panel(t, title="memory & health", title_align="left")

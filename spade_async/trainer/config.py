@@ -50,6 +50,9 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ) = "initial"
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
     activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
+    hsdp: Doc(
+        bool, "hybrid sharding: shard within a node, replicate across nodes (a 2-D device mesh)"
+    ) = False
     mixed_precision: Doc(bool, "bf16 params/compute with fp32 reduce (only on GPU)") = True
     attn_implementation: Doc(
         str, "attention: 'auto' = flash_attention_2 on GPU when FA2 imports, else per-sequence SDPA"

@@ -39,6 +39,7 @@ class TrainerProcess:
         load: str | Path | None = None,
         threads: int = 0,
         env: dict[str, str] | None = None,
+        rdzv: list[str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)  # created by start(): building the command has no side effects
@@ -52,7 +53,7 @@ class TrainerProcess:
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--standalone",
+            *(rdzv or ["--standalone"]),  # several nodes: launch/nodes.py torchrun_rdzv
             f"--nproc-per-node={nproc}",
             "--monitor-interval=0.2",
             "-m",

@@ -191,6 +191,10 @@ def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> Pol
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
+    if cfg.hsdp:  # (nodes, ranks per node): replicate across nodes, shard within one
+        from spade_async.launch.layout import hsdp_mesh
+
+        kw["mesh"] = hsdp_mesh(device)
     for layer in decoder_layers(causal_lm):
         fully_shard(layer, **kw)
     fully_shard(policy, **kw)

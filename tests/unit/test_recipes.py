@@ -14,7 +14,8 @@ from spade_async import placement, recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ALL = sorted(p.name for p in CONFIGS.glob("*.toml"))
-GPU = [n for n in ALL if n.startswith("qwen3-")]
+GPU = [n for n in ALL if n.startswith("qwen3-") and "node" not in n]  # one node
+# (the multi-node recipes, *-Nnode.toml: tests/unit/test_placement_nodes.py)
 
 # recipe -> (model dir, engine TP groups, trainer GPUs, KL coefficient)
 EXPECTED = {
