@@ -15,7 +15,9 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_"
 
 
 def test_every_bench_script_is_listed():
-    assert set(SCRIPTS) == {"env_pool", "generation", "logprob", "memory", "pipeline", "trainer"}
+    assert set(SCRIPTS) == {
+        "env_pool", "eval", "generation", "logprob", "memory", "pipeline", "trainer"
+    }  # fmt: skip
 
 
 @pytest.mark.slow

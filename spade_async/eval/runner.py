@@ -84,6 +84,7 @@ async def evaluate(
     data: dict[str, str] | None = None,
     policy_version: int | None = None,
     pool: EnvPool | None = None,
+    checker: Checker | None = None,
 ) -> Results:
     """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
     t0 = time.perf_counter()
@@ -98,22 +99,23 @@ async def evaluate(
             tg.start_soon(load, i)
     results: dict[str, SuiteResult] = {}
     limiter = anyio.CapacityLimiter(concurrency)
-    with Checker() as checker:
-        async with contextlib.AsyncExitStack() as stack:
-            if pool is None and any(s.needs_pool for s in suites):
-                pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
-            ctx = Context(generate, checker, pool, policy_version)
+    async with contextlib.AsyncExitStack() as stack:
+        if checker is None:
+            checker = stack.enter_context(Checker())
+        if pool is None and any(s.needs_pool for s in suites):
+            pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
+        ctx = Context(generate, checker, pool, policy_version)
 
-            async def run_suite(suite: Suite, items: list[Item]) -> None:
-                settings = settings_for(suite, n=n, max_tokens=max_tokens)
-                samples = await _play_suite(suite, items, settings, ctx, limiter)
-                if out is not None:
-                    write_samples(out / f"{suite.name}.jsonl", samples)
-                results[suite.name] = summarize(suite, samples, settings, model, policy_version)
+        async def run_suite(suite: Suite, items: list[Item]) -> None:
+            settings = settings_for(suite, n=n, max_tokens=max_tokens)
+            samples = await _play_suite(suite, items, settings, ctx, limiter)
+            if out is not None:
+                write_samples(out / f"{suite.name}.jsonl", samples)
+            results[suite.name] = summarize(suite, samples, settings, model, policy_version)
 
-            async with anyio.create_task_group() as tg:  # suites share the concurrency bound
-                for suite, items in loaded:
-                    tg.start_soon(run_suite, suite, items)
+        async with anyio.create_task_group() as tg:  # suites share the concurrency bound
+            for suite, items in loaded:
+                tg.start_soon(run_suite, suite, items)
     results = {s.name: results[s.name] for s in suites}  # the order asked for
     res = Results(model=model, policy_version=policy_version, complete=True, suites=results,
                   seconds=time.perf_counter() - t0)  # fmt: skip
