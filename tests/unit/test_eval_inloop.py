@@ -75,3 +75,21 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
     for v in versions:
         res = json.loads((Path(tmp_path) / "eval" / f"v{v}" / "results.json").read_text())
         assert res["policy_version"] == v and res["suites"]["gpqa_diamond"]["samples"] == 8
+
+
+def test_dashboard_panel_shows_eval_curves():
+    from rich.console import Console
+
+    from spade_async.telemetry.dashboard import _State
+    from spade_async.telemetry.panels import evaluation, render
+
+    st = _State()
+    assert evaluation(st) is None
+    st.update({"step": 1, "kind": "step", "loss": 0.5})
+    for v, x in ((0, 0.1), (2, 0.3), (4, 0.45)):
+        st.update({"step": v, "kind": "eval", "eval/policy_version": v, "eval/aime25/avg@1": x})
+    assert [p for p in st.evals["eval/aime25/avg@1"]] == [(0, 0.1), (2, 0.3), (4, 0.45)]
+    con = Console(width=140, record=True)
+    con.print(render(st, "run"))
+    text = con.export_text()
+    assert "held-out evaluation" in text and "aime25/avg@1 v4" in text
