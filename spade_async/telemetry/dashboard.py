@@ -132,7 +132,9 @@ class _State:
             version = rec.get("eval/policy_version", rec.get("step", 0))
             for key, v in rec.items():
                 if key.count("/") == 2 and key.startswith("eval/") and isinstance(v, (int, float)):
-                    self.evals.setdefault(key, deque(maxlen=self.window)).append((version, float(v)))
+                    self.evals.setdefault(key, deque(maxlen=self.window)).append(
+                        (version, float(v))
+                    )
             return
         if kind == "event":
             self.events.append(
