@@ -87,8 +87,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _engine_config(target: str):
+    """A run directory's own engine placement (CPU engines or SGLang), else one CPU engine."""
+    from spade_async.engines import EngineConfig
+
+    config = Path(target).expanduser() / "config.toml"
+    if config.is_file() and not (config.parent / "config.json").is_file():
+        from spade_async.recipe import load
+
+        return load(config).engine
+    return EngineConfig()
+
+
 async def _generate(args, names: list[str], out: Path | None, data: dict[str, str]) -> Results:
-    from spade_async.engines import EngineConfig, running_engines
+    from spade_async.engines import running_engines
     from spade_async.eval.engine import ClientGenerator, resolve_target
     from spade_async.eval.runner import evaluate
     from spade_async.generation.client import GenerationClient
@@ -102,7 +114,7 @@ async def _generate(args, names: list[str], out: Path | None, data: dict[str, st
         else:
             logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spade-eval-")))
             engines = await stack.enter_async_context(
-                running_engines(EngineConfig(), model_dir, logs)
+                running_engines(_engine_config(args.target), model_dir, logs)
             )
             urls = [e.url for e in engines]
         client = await stack.enter_async_context(GenerationClient(urls))
