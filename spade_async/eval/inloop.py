@@ -31,13 +31,18 @@ POLL_S = 1.0
 def check(cfg: EvalConfig) -> None:
     """Recipe check: known suite names (closest suggested), sane numbers."""
     from spade_async.errors import ConfigError
+    from spade_async.eval.runner import settings_for
     from spade_async.eval.suites import make_suite
 
-    for name in cfg.suites:
+    for name in [*cfg.suites, *cfg.overrides]:
         try:
-            make_suite(name)
+            suite = make_suite(name)
         except Exception as exc:  # SpadeError with the suggestion
             raise ConfigError(f"eval.suites: {exc}") from None
+        try:
+            settings_for(suite, extra=cfg.overrides.get(name))
+        except TypeError as exc:
+            raise ConfigError(f"eval.overrides.{name}: {exc}") from None
     if min(cfg.interval, cfg.n, cfg.limit, cfg.max_tokens) < 0 or cfg.concurrency < 1:
         raise ConfigError("eval: interval, n, limit, max_tokens must be >= 0, concurrency >= 1")
 
@@ -80,6 +85,7 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
                 list(cfg.suites), generate, out=out, model=rt.cfg.model, n=cfg.n,
                 limit=cfg.limit, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                 policy_version=version, pool=rt.pool, data=dict(cfg.data),
+                overrides=dict(cfg.overrides),
             )  # fmt: skip
             rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
         await anyio.sleep(POLL_S)  # versions change once per train step (seconds to minutes)

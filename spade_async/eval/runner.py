@@ -31,9 +31,13 @@ __all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL"
 EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
 
 
-def settings_for(suite: Suite, *, n: int = 0, max_tokens: int = 0) -> Sampling:
+def settings_for(
+    suite: Suite, *, n: int = 0, max_tokens: int = 0, extra: dict[str, Any] | None = None
+) -> Sampling:
+    """The suite's reference defaults, then ``extra`` (per-suite), then ``n``/``max_tokens``."""
     s = suite.sampling
-    changes: dict[str, Any] = {}
+    ints = {"n", "top_k", "max_tokens"}
+    changes: dict[str, Any] = {k: int(v) if k in ints else v for k, v in (extra or {}).items()}
     if n:
         changes["n"] = n
     if max_tokens:
@@ -85,6 +89,7 @@ async def evaluate(
     policy_version: int | None = None,
     pool: EnvPool | None = None,
     checker: Checker | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> Results:
     """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
     t0 = time.perf_counter()
@@ -107,7 +112,8 @@ async def evaluate(
         ctx = Context(generate, checker, pool, policy_version)
 
         async def run_suite(suite: Suite, items: list[Item]) -> None:
-            settings = settings_for(suite, n=n, max_tokens=max_tokens)
+            extra = (overrides or {}).get(suite.name)
+            settings = settings_for(suite, n=n, max_tokens=max_tokens, extra=extra)
             samples = await _play_suite(suite, items, settings, ctx, limiter)
             if out is not None:
                 write_samples(out / f"{suite.name}.jsonl", samples)
