@@ -34,14 +34,16 @@ EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeo
 def settings_for(
     suite: Suite, *, n: int = 0, max_tokens: int = 0, extra: dict[str, Any] | None = None
 ) -> Sampling:
-    """The suite's reference defaults, then ``extra`` (per-suite), then ``n``/``max_tokens``."""
+    """The suite's reference defaults, then ``n``/``max_tokens`` (all suites), then ``extra``
+    (this suite's own overrides win)."""
     s = suite.sampling
     ints = {"n", "top_k", "max_tokens"}
-    changes: dict[str, Any] = {k: int(v) if k in ints else v for k, v in (extra or {}).items()}
+    changes: dict[str, Any] = {}
     if n:
         changes["n"] = n
     if max_tokens:
         changes["max_tokens"] = max_tokens
+    changes |= {k: int(v) if k in ints else v for k, v in (extra or {}).items()}
     return msgspec.structs.replace(s, **changes)
 
 

@@ -21,6 +21,16 @@ def test_due():
     assert not any(inloop.due(EvalConfig(), v, None) for v in range(5))
 
 
+def test_per_suite_overrides_win():
+    from spade_async.eval.runner import settings_for
+    from spade_async.eval.suites import make_suite
+
+    aime = make_suite("aime25")
+    s = settings_for(aime, n=1, max_tokens=64, extra={"n": 32.0, "temperature": 0.7})
+    assert (s.n, s.temperature, s.max_tokens, s.top_k) == (32, 0.7, 64, 20)
+    assert settings_for(aime).n == 64  # the reference's offline default
+
+
 def test_recipe_eval_section():
     cfg = recipe.load(None, ["eval.interval=4", 'eval.suites=["rg_logic"]'])
     assert cfg.eval.interval == 4 and cfg.eval.suites == ["rg_logic"]
