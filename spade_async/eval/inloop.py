@@ -7,7 +7,8 @@ batch both; training is never paused for it). Each evaluation is tagged with the
 version it started on; a weight push during it is recorded (``eval/policy_version_end``),
 since its later samples then come from the next policy. Results go to
 ``runs/<name>/eval/v<version>/`` (results.json, <suite>.jsonl) and to metrics.jsonl as a
-``kind = "eval"`` record with keys ``eval/<suite>/<metric>``.
+``kind = "eval"`` record with keys ``eval/<suite>/<metric>`` (also sent to the TensorBoard
+and W&B sinks, at the training step when the evaluation ended).
 """
 
 from __future__ import annotations
@@ -87,5 +88,7 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
                 policy_version=version, pool=rt.pool, data=dict(cfg.data),
                 overrides=dict(cfg.overrides),
             )  # fmt: skip
-            rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
+            rec = rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
+            for sink in getattr(rt.tel, "sinks", []):  # TensorBoard / W&B take step records
+                sink.write(rec)
         await anyio.sleep(POLL_S)  # versions change once per train step (seconds to minutes)

@@ -38,12 +38,22 @@ def test_recipe_eval_section():
         recipe.load(None, ['eval.suites=["rg_logik"]'])
 
 
-class _Tel:
+class _Sink:
     def __init__(self):
         self.records = []
 
+    def write(self, record):
+        self.records.append(record)
+
+
+class _Tel:
+    def __init__(self):
+        self.records = []
+        self.sinks = [_Sink()]
+
     def log(self, step, values, *, kind="step"):
         self.records.append((step, kind, values))
+        return {"step": step, "kind": kind, **values}
 
 
 def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
@@ -81,6 +91,7 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
     anyio.run(main)
     versions = [vals["eval/policy_version"] for _, kind, vals in rt.tel.records]
     assert versions == [0, 2, 4]
+    assert [r["eval/policy_version"] for r in rt.tel.sinks[0].records] == versions
     assert all(kind == "eval" and vals["eval/gpqa_diamond/avg@2"] == 1.0 for _, kind, vals in rt.tel.records)
     for v in versions:
         res = json.loads((Path(tmp_path) / "eval" / f"v{v}" / "results.json").read_text())
