@@ -96,6 +96,8 @@ async def evaluate(
     """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
     t0 = time.perf_counter()
     suites = [make_suite(name, data) for name in names]
+    if out is not None:  # an earlier run's results.json must not pass for this one's
+        (out / "results.json").unlink(missing_ok=True)
     loaded: list[tuple[Suite, list[Item]]] = [(s, []) for s in suites]
 
     async def load(i: int) -> None:  # loaders spawn processes or read files: overlap them
