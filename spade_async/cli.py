@@ -18,7 +18,7 @@ COMMANDS = {
     "train": ("spade_async.train_cli", "run SPADE, a baseline or an ablation from a recipe"),
     "dashboard": ("spade_async.telemetry.cli", "watch a run's metrics in the terminal"),
     "demo": ("spade_async.demo", "run the demo on the embedded default model"),
-    "eval": ("spade_async.eval.cli", "held-out evaluation: AIME, HumanEval, reasoning-gym, BFCL, ..."),
+    "eval": ("spade_async.eval.cli", "held-out evaluation on the paper's benchmarks"),
     "slurm": ("spade_async.launch.slurm", "print an sbatch script for a multi-node recipe"),
 }
 

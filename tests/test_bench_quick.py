@@ -21,6 +21,7 @@ def test_every_bench_script_is_listed():
     assert set(SCRIPTS) == {
         "env_pool",
         "generation",
+        "eval",
         "logprob",
         "memory",
         "pipeline",

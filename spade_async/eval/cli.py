@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     p.add_argument("--out", help="output directory (results.json, <suite>.jsonl)")
     p.add_argument("--base-url", help="use a running SGLang-compatible server")
+    p.add_argument("--engine-threads", type=int, default=0,
+                   help="torch threads of the CPU engine (0 = torch default; 1 on a busy machine)")  # fmt: skip
     p.add_argument("--data", action="append", default=[], metavar="SUITE=PATH",
                    help="data for gpqa_diamond, livecodebench, acebench_agent")  # fmt: skip
     p.add_argument("--responses", help="re-score a saved <suite>.jsonl without generating")
@@ -87,8 +89,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _engine_config(target: str, threads: int):
+    """A run directory's own engine placement (CPU engines or SGLang), else one CPU engine."""
+    from spade_async.engines import EngineConfig
+
+    config = Path(target).expanduser() / "config.toml"
+    cfg = EngineConfig()
+    if config.is_file() and not (config.parent / "config.json").is_file():
+        from spade_async.recipe import load
+
+        cfg = load(config).engine
+    return msgspec.structs.replace(cfg, threads=threads) if threads else cfg
+
+
 async def _generate(args, names: list[str], out: Path | None, data: dict[str, str]) -> Results:
-    from spade_async.engines import EngineConfig, running_engines
+    from spade_async.engines import running_engines
     from spade_async.eval.engine import ClientGenerator, resolve_target
     from spade_async.eval.runner import evaluate
     from spade_async.generation.client import GenerationClient
@@ -102,7 +117,7 @@ async def _generate(args, names: list[str], out: Path | None, data: dict[str, st
         else:
             logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spade-eval-")))
             engines = await stack.enter_async_context(
-                running_engines(EngineConfig(), model_dir, logs)
+                running_engines(_engine_config(args.target, args.engine_threads), model_dir, logs)
             )
             urls = [e.url for e in engines]
         client = await stack.enter_async_context(GenerationClient(urls))

@@ -7,7 +7,8 @@ batch both; training is never paused for it). Each evaluation is tagged with the
 version it started on; a weight push during it is recorded (``eval/policy_version_end``),
 since its later samples then come from the next policy. Results go to
 ``runs/<name>/eval/v<version>/`` (results.json, <suite>.jsonl) and to metrics.jsonl as a
-``kind = "eval"`` record with keys ``eval/<suite>/<metric>``.
+``kind = "eval"`` record with keys ``eval/<suite>/<metric>`` (also sent to the TensorBoard
+and W&B sinks, at the training step when the evaluation ended).
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ POLL_S = 1.0
 def check(cfg: EvalConfig) -> None:
     """Recipe check: known suite names (closest suggested), sane numbers."""
     from spade_async.errors import ConfigError
+    from spade_async.eval.runner import settings_for
     from spade_async.eval.suites import make_suite
 
-    for name in cfg.suites:
+    for name in [*cfg.suites, *cfg.overrides]:
         try:
-            make_suite(name)
+            suite = make_suite(name)
         except Exception as exc:  # SpadeError with the suggestion
             raise ConfigError(f"eval.suites: {exc}") from None
+        try:
+            settings_for(suite, extra=cfg.overrides.get(name))
+        except TypeError as exc:
+            raise ConfigError(f"eval.overrides.{name}: {exc}") from None
     if min(cfg.interval, cfg.n, cfg.limit, cfg.max_tokens) < 0 or cfg.concurrency < 1:
         raise ConfigError("eval: interval, n, limit, max_tokens must be >= 0, concurrency >= 1")
 
@@ -80,6 +86,9 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
                 list(cfg.suites), generate, out=out, model=rt.cfg.model, n=cfg.n,
                 limit=cfg.limit, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
                 policy_version=version, pool=rt.pool, data=dict(cfg.data),
+                overrides=dict(cfg.overrides),
             )  # fmt: skip
-            rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
+            rec = rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
+            for sink in getattr(rt.tel, "sinks", []):  # TensorBoard / W&B take step records
+                sink.write(rec)
         await anyio.sleep(POLL_S)  # versions change once per train step (seconds to minutes)

@@ -31,13 +31,19 @@ __all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL"
 EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
 
 
-def settings_for(suite: Suite, *, n: int = 0, max_tokens: int = 0) -> Sampling:
+def settings_for(
+    suite: Suite, *, n: int = 0, max_tokens: int = 0, extra: dict[str, Any] | None = None
+) -> Sampling:
+    """The suite's reference defaults, then ``n``/``max_tokens`` (all suites), then ``extra``
+    (this suite's own overrides win)."""
     s = suite.sampling
+    ints = {"n", "top_k", "max_tokens"}
     changes: dict[str, Any] = {}
     if n:
         changes["n"] = n
     if max_tokens:
         changes["max_tokens"] = max_tokens
+    changes |= {k: int(v) if k in ints else v for k, v in (extra or {}).items()}
     return msgspec.structs.replace(s, **changes)
 
 
@@ -84,10 +90,14 @@ async def evaluate(
     data: dict[str, str] | None = None,
     policy_version: int | None = None,
     pool: EnvPool | None = None,
+    checker: Checker | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> Results:
     """Evaluate ``names``; every suite's data is loaded first, so bad input fails fast."""
     t0 = time.perf_counter()
     suites = [make_suite(name, data) for name in names]
+    if out is not None:  # an earlier run's results.json must not pass for this one's
+        (out / "results.json").unlink(missing_ok=True)
     loaded: list[tuple[Suite, list[Item]]] = [(s, []) for s in suites]
 
     async def load(i: int) -> None:  # loaders spawn processes or read files: overlap them
@@ -98,22 +108,24 @@ async def evaluate(
             tg.start_soon(load, i)
     results: dict[str, SuiteResult] = {}
     limiter = anyio.CapacityLimiter(concurrency)
-    with Checker() as checker:
-        async with contextlib.AsyncExitStack() as stack:
-            if pool is None and any(s.needs_pool for s in suites):
-                pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
-            ctx = Context(generate, checker, pool, policy_version)
+    async with contextlib.AsyncExitStack() as stack:
+        if checker is None:
+            checker = stack.enter_context(Checker())
+        if pool is None and any(s.needs_pool for s in suites):
+            pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
+        ctx = Context(generate, checker, pool, policy_version)
 
-            async def run_suite(suite: Suite, items: list[Item]) -> None:
-                settings = settings_for(suite, n=n, max_tokens=max_tokens)
-                samples = await _play_suite(suite, items, settings, ctx, limiter)
-                if out is not None:
-                    write_samples(out / f"{suite.name}.jsonl", samples)
-                results[suite.name] = summarize(suite, samples, settings, model, policy_version)
+        async def run_suite(suite: Suite, items: list[Item]) -> None:
+            extra = (overrides or {}).get(suite.name)
+            settings = settings_for(suite, n=n, max_tokens=max_tokens, extra=extra)
+            samples = await _play_suite(suite, items, settings, ctx, limiter)
+            if out is not None:
+                write_samples(out / f"{suite.name}.jsonl", samples)
+            results[suite.name] = summarize(suite, samples, settings, model, policy_version)
 
-            async with anyio.create_task_group() as tg:  # suites share the concurrency bound
-                for suite, items in loaded:
-                    tg.start_soon(run_suite, suite, items)
+        async with anyio.create_task_group() as tg:  # suites share the concurrency bound
+            for suite, items in loaded:
+                tg.start_soon(run_suite, suite, items)
     results = {s.name: results[s.name] for s in suites}  # the order asked for
     res = Results(model=model, policy_version=policy_version, complete=True, suites=results,
                   seconds=time.perf_counter() - t0)  # fmt: skip

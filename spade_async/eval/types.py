@@ -81,3 +81,7 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     data: Doc(
         dict[str, str], "data paths of user-file suites, e.g. {gpqa_diamond = 'gpqa.csv'}"
     ) = {}
+    overrides: Doc(
+        dict[str, dict[str, float]],
+        "per-suite sampling, e.g. {aime25 = {n = 32, temperature = 0.7, top_p = 0.8}}",
+    ) = {}

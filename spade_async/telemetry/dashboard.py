@@ -120,12 +120,21 @@ class _State:
         self.envs: deque = deque(maxlen=8)
         self.events: deque = deque(maxlen=4)
         self.pace: deque = deque(maxlen=20)  # (step, elapsed_s) for the ETA
+        self.evals: dict[str, deque] = {}  # eval/<suite>/<metric> -> (policy version, value)
 
     def update(self, rec: dict[str, Any]) -> None:
         self.records += 1
         kind = rec.get("kind", "step")
         if kind == "env":
             self.envs.append(rec)
+            return
+        if kind == "eval":  # held-out evaluation (spade_async.eval.inloop)
+            version = rec.get("eval/policy_version", rec.get("step", 0))
+            for key, v in rec.items():
+                if key.count("/") == 2 and key.startswith("eval/") and isinstance(v, (int, float)):
+                    self.evals.setdefault(key, deque(maxlen=self.window)).append(
+                        (version, float(v))
+                    )
             return
         if kind == "event":
             self.events.append(

@@ -153,6 +153,19 @@ def curves(st: Any) -> Panel:
     return Panel(t, title="rewards", title_align="left")
 
 
+def evaluation(st: Any) -> Panel | None:
+    """Held-out evaluation curves over policy versions (``kind = "eval"`` records)."""
+    evals = getattr(st, "evals", {})
+    if not evals:
+        return None
+    t = _grid("lrl")
+    for key in sorted(evals)[:12]:
+        points = list(evals[key])
+        t.add_row(f"{key[5:]} v{points[-1][0]}", _fmt(points[-1][1]),
+                  Text(sparkline([v for _, v in points], 16), style="magenta"))  # fmt: skip
+    return Panel(t, title="held-out evaluation", title_align="left")
+
+
 def health(st: Any) -> Panel:
     r = st.latest
     t = _grid("lr")
@@ -209,6 +222,7 @@ def render(st: Any, title: str, width: int = 120) -> RenderableType:
         return Panel(Text("waiting for metrics...", style="dim"), title=title)
     panels = [throughput(st), stages(st), streams(st), designer(st), distributions(st), curves(st)]
     panels += [health(st), *([extra] if (extra := other(st)) is not None else [])]
+    panels += [ev] if (ev := evaluation(st)) is not None else []
     ncols = 3 if width >= 132 else 2 if width >= 84 else 1
     grid = Table.grid(expand=True)
     for _ in range(ncols):

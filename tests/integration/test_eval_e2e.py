@@ -12,9 +12,9 @@ def _spade_eval(tmp_path, suites: str, limit: int, max_tokens: int) -> tuple[dic
     out = tmp_path / "eval"
     argv = [sys.executable, "-m", "spade_async.cli", "eval", "smollm2-135m-instruct",
             "--suites", suites, "--n", "1", "--limit", str(limit), "--max-tokens", str(max_tokens),
-            "--out", str(out), "--json"]  # fmt: skip
+            "--out", str(out), "--json", "--engine-threads", "1"]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -33,6 +33,7 @@ def test_spade_eval_small_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the target is 120 s; a machine under load reports its real time
 def test_spade_eval_issue_command_under_two_minutes(tmp_path):
     res, seconds = _spade_eval(tmp_path, "aime25,humaneval,rg_logic,bfcl_v4_multi_turn", limit=2, max_tokens=128)
     assert set(res["suites"]) == {"aime25", "humaneval", "rg_logic", "bfcl_v4_multi_turn"}

