@@ -68,6 +68,14 @@ from spade_async.generation.protocol import (
 __all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
 
 
+
+class RoutedGenerateReqInput(GenerateReqInput, kw_only=True):
+    """``/generate`` as the CPU engine decodes it: SGLang's body plus the OpenAI-style
+    ``model`` that sglang-router adds when it forwards a request (SGLang's HTTP layer drops
+    it before its ``GenerateReqInput``; the contract checks what the client sends)."""
+
+    model: str | None = None
+
 class BadRequest(Exception):
     pass
 
@@ -89,7 +97,7 @@ class EngineApp:
         self.vocab_size = int(engine.model.config.vocab_size)
         self._update_lock = asyncio.Lock()
         self._spare: Any = None  # a second model the next weight update is copied into
-        self._decode_gen = msgspec.json.Decoder(GenerateReqInput)
+        self._decode_gen = msgspec.json.Decoder(RoutedGenerateReqInput)
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:

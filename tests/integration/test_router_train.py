@@ -50,7 +50,7 @@ def test_external_engine_attached_pushed_and_left_running(tiny_model, tmp_path):
         steps = _steps(run_dir)
         assert [r["step"] for r in steps] == [1, 2] and steps[-1]["engine/0/healthy"]
         # the run pushed its weights to the engine it did not start, and left it running
-        version = httpx.get(f"{url}/get_weight_version").json()["weight_version"]
+        version = httpx.get(f"{url}/model_info").json()["weight_version"]
         assert version == str(steps[-1]["version"]) and int(version) >= 1
         assert httpx.get(f"{url}/health").status_code == 200
 
@@ -99,7 +99,7 @@ def test_bad_external_engine_is_one_line_exit_2(tmp_path, capsys, tiny_model, ki
         assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"external engine {url}" in err[0], err
-    assert ("not reachable" if kind == "unreachable" else "/get_model_info") in err[0]
+    assert ("not reachable" if kind == "unreachable" else "/model_info") in err[0]
     assert descendants(os.getpid()) == []  # nothing was started, nothing is left
 
 

@@ -24,7 +24,7 @@ class Engine:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path, body = request.url.path, json.loads(request.content or b"{}")
         self.requests.append((path, body))
-        if path == "/get_weight_version":
+        if path == "/model_info":
             return httpx.Response(200, json={"weight_version": self.version})
         if path == "/init_weights_update_group":
             if body["group_name"] in self.groups:  # what a name clash would do

@@ -92,7 +92,7 @@ def test_each_tp_rank_gets_its_own_payload_from_its_gpu(base, monkeypatch):
     posted = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/get_weight_version":
+        if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "9"})
         posted.append((request.url.host, json.loads(request.content)))
         return httpx.Response(200, json={"success": True})

@@ -61,7 +61,7 @@ def test_distributed_push_broadcasts_bf16(trainer):
     sent = []
 
     def ok(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/get_weight_version":
+        if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "3"})
         return httpx.Response(200, json={"success": True})
 
