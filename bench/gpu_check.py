@@ -147,6 +147,7 @@ def summarize(parts: dict) -> dict:
         "train_tokens_per_s": _get(parts, "trainer", "packed", "tokens_per_s"),
         "train_mfu": _get(parts, "trainer", "packed", "mfu"),
         "packed_vs_padded": _get(parts, "trainer", "packed_vs_padded"),
+        "packed_vs_padded_sorted": _get(parts, "trainer", "packed_vs_padded_sorted"),
         "export_gb_per_s": pushes[-1].get("gb_per_s"),
         "export_weights_match": _get(parts, "export", "weights_match"),
     }
