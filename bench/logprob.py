@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _hw import machine
+from _hw import machine, refuse
 
 V, D = 49_152, 576
 HERE = Path(__file__).resolve().parent
@@ -240,6 +240,11 @@ def main() -> int:
         r = child(impl, int(T), dtype, int(chunk), int(repeats), device, prof == "1")
         print(json.dumps(r))
         return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            refuse("--device cuda needs a CUDA GPU and none is visible here; use --device cpu")
     if args.profile:
         return profile_main(args)
     if args.resummarise:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _hw import machine
+from _hw import int_list, machine
 
 from spade_async.memory import sampling
 from spade_async.memory.ops import PutOp, StatsOp, prepare_signature
@@ -437,6 +437,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     q = args.quick
+    sizes = int_list(args.sizes, "--sizes") if args.sizes else [1_000, 10_000, 100_000]
     with tempfile.TemporaryDirectory(prefix="spade-bench-memory-") as tmp:
         root = Path(tmp)
         out: dict = {"name": "memory", "quick": q, "hardware": hardware()}
@@ -446,7 +447,6 @@ def main() -> None:
             " (--quick; the full run uses 1 GB)" if q else ""
         )
         out["writes"] = write_rates(root, 2000 if q else 10_000)
-        sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [1_000, 10_000, 100_000]
         out["sizes"] = [at_size(root, n, q) for n in sizes]
         load = recipe_load()
         out["per_step"] = {"load": load, "reference": reference_workload(root, load)}
