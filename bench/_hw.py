@@ -18,6 +18,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def refuse(message: str) -> None:
+    """A workload this machine cannot run, or a bad argument: one line on stderr, exit 2."""
+    import sys
+
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def int_list(text: str, what: str) -> list[int]:
+    """'1000,100000' -> [1000, 100000], refusing anything but positive integers."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        refuse(f"{what} must be positive integers separated by commas, got {text!r}")
+    return values
+
+
 def machine() -> dict:
     """CPU, cores, load and Python: the fields every bench's ``hardware`` starts with."""
     return {

@@ -35,8 +35,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from _hw import machine  # noqa: E402
+from _hw import machine, refuse  # noqa: E402
 
+from spade_async.errors import SpadeError  # noqa: E402
 from spade_async.generation.chat import render_prompt  # noqa: E402
 from spade_async.generation.client import GenerationClient  # noqa: E402
 from spade_async.generation.protocol import SamplingParams  # noqa: E402
@@ -159,7 +160,10 @@ def main() -> int:
     args = parser.parse_args()
     max_new = 16 if args.quick else 64
     rounds = args.rounds or (1 if args.quick else 3)
-    path = resolve_model(args.model)
+    try:
+        path = resolve_model(args.model)
+    except SpadeError as exc:
+        refuse(str(exc))
     model, tokenizer = load_causal_lm(str(path))
     prompts = _prompts(tokenizer, 32)
 

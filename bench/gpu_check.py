@@ -27,8 +27,10 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -147,6 +149,7 @@ def summarize(parts: dict) -> dict:
         "train_tokens_per_s": _get(parts, "trainer", "packed", "tokens_per_s"),
         "train_mfu": _get(parts, "trainer", "packed", "mfu"),
         "packed_vs_padded": _get(parts, "trainer", "packed_vs_padded"),
+        "packed_vs_padded_sorted": _get(parts, "trainer", "packed_vs_padded_sorted"),
         "export_gb_per_s": pushes[-1].get("gb_per_s"),
         "export_weights_match": _get(parts, "export", "weights_match"),
     }
@@ -198,18 +201,25 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     ctx = {"device": args.device, "sizes": sizes, "log": log}
     out = {"hardware": hardware(args.device), "quick": args.quick, "sizes": sizes, "parts": {}}
-    try:
-        for name in parts:
-            out["parts"][name] = run_part(name, fns[name], ctx, sizes["budget_s"][name])
-    finally:
-        trainer.close(ctx)
+    for name in parts:
+        out["parts"][name] = run_part(name, fns[name], ctx, sizes["budget_s"][name])
     out["seconds"] = round(time.perf_counter() - t0, 2)
     out["summary"] = summarize(out["parts"])
     line = json.dumps(out, default=str)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(line + "\n")
+    # the result is out before teardown: a process group left mid-collective by a timed-out
+    # part could hang in destroy_process_group; 20 s, then exit without it
     print(line, flush=True)
+    watchdog = threading.Timer(20, os._exit, args=(0,))  # works while C code holds main
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        trainer.close(ctx)
+    except Exception:  # noqa: BLE001 - teardown after the result: never fail the run
+        pass
+    watchdog.cancel()
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _hw import machine
+from _hw import machine, refuse
 
 V, D = 49_152, 576
 HERE = Path(__file__).resolve().parent
@@ -35,7 +35,9 @@ def _status_kb(key: str) -> int:
     raise RuntimeError(f"{key} missing from /proc/self/status")
 
 
-def child(impl: str, T: int, dtype_name: str, chunk: int, repeats: int, device: str) -> dict:
+def child(
+    impl: str, T: int, dtype_name: str, chunk: int, repeats: int, device: str, profile: bool = False
+) -> dict:
     import spade_kernels as K
     import torch
     from spade_kernels.reference import linear_logprob_ref
@@ -78,7 +80,32 @@ def child(impl: str, T: int, dtype_name: str, chunk: int, repeats: int, device: 
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
     peak_mb = round(peak_bytes / 2**20, 1)
-    return {"impl": impl, "T": T, "peak_mb": peak_mb, "times_s": times, "cpu_s": cpu_times}
+    out = {"impl": impl, "T": T, "peak_mb": peak_mb, "times_s": times, "cpu_s": cpu_times}
+    if profile:
+        out["profile"] = profile_step(step)
+    return out
+
+
+MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::matmul", "aten::linear"}
+
+
+def profile_step(step) -> dict:
+    """Self CPU time of one forward+backward by op: matrix products vs everything else."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    rows = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
+    total = sum(r[1] for r in rows)
+    mm = [r for r in rows if r[0] in MATMULS]
+    top = sorted(rows, key=lambda r: -r[1])[:6]
+    return {
+        "total_self_s": round(total, 3),
+        "matmul_s": round(sum(r[1] for r in mm), 3),
+        "matmul_calls": sum(r[2] for r in mm),
+        "other_s": round(total - sum(r[1] for r in mm), 3),
+        "top_ops": [{"op": k, "self_s": round(t, 3), "calls": c} for k, t, c in top],
+    }
 
 
 def run_case(impl, T, args, chunk=0, repeats=None) -> dict:
@@ -92,6 +119,7 @@ def run_case(impl, T, args, chunk=0, repeats=None) -> dict:
         str(chunk),
         str(args.repeats if repeats is None else repeats),
         args.device,
+        "1" if getattr(args, "profile", False) else "0",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if r.returncode != 0:
@@ -140,6 +168,54 @@ def summarize(cases: list[dict]) -> dict:
     return rows
 
 
+def targets(rows: dict) -> dict:
+    """Issue 15: fused at T=4k within 1.1x of naive's time at <= 1/10 of its memory."""
+    naive, fused = rows.get("naive_T4096"), rows.get("fused_T4096")
+    if not (naive and fused):
+        return {}
+    mem = fused["peak_mb"] / naive["peak_mb"]
+    tim = fused["fwd_bwd_s_median"] / naive["fwd_bwd_s_median"]
+    cpu = fused["fwd_bwd_cpu_s_median"] / naive["fwd_bwd_cpu_s_median"]
+    return {
+        "targets": {
+            "peak_mem_fused_over_naive_T4096": {
+                "target": "<= 0.1",
+                "measured": round(mem, 4),
+                "met": mem <= 0.1,
+            },
+            "time_fused_over_naive_T4096": {
+                "target": "<= 1.1 (same run)",
+                "measured": round(tim, 3),
+                "met": tim <= 1.1,
+            },
+        },
+        "supplementary": {
+            "cpu_time_fused_over_naive_T4096": {
+                "note": "CPU seconds, less sensitive to other load than wall",
+                "measured": round(cpu, 3),
+            },
+        },
+    }
+
+
+def profile_main(args) -> int:
+    """Why the fused path costs more time: one profiled step of each impl at T=4k."""
+    args.repeats = 1
+    out = {"name": "logprob_profile", "hardware": hardware(args.device), "T": 4096}
+    for impl in ("naive", "fused"):
+        out[impl] = run_case(impl, 4096, args)["profile"]
+    out["matmul_ratio"] = round(out["fused"]["matmul_s"] / out["naive"]["matmul_s"], 3)
+    out["other_ratio"] = round(out["fused"]["other_s"] / out["naive"]["other_s"], 3)
+    out["note"] = (
+        "naive: 3 T x V x D products (logits, grad_hidden, grad_weight); fused: 4 (the "
+        "logits again in backward, the price of never storing T x V)"
+    )
+    if args.save:
+        (HERE / "results" / "logprob_profile.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="T=4k only, fewer repeats (<1 min)")
@@ -149,11 +225,35 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also time chunk sizes at T=4k")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="T=4k only: per-op self CPU time of one step (matmuls vs the rest), naive and fused",
+    )
+    ap.add_argument(
+        "--resummarise", action="store_true", help="recompute targets of the saved run (no run)"
+    )
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        impl, T, dtype, chunk, repeats, device = args.child
-        print(json.dumps(child(impl, int(T), dtype, int(chunk), int(repeats), device)))
+        impl, T, dtype, chunk, repeats, device, prof = args.child
+        r = child(impl, int(T), dtype, int(chunk), int(repeats), device, prof == "1")
+        print(json.dumps(r))
+        return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            refuse("--device cuda needs a CUDA GPU and none is visible here; use --device cpu")
+    if args.profile:
+        return profile_main(args)
+    if args.resummarise:
+        out = json.loads((HERE / "results" / "logprob.json").read_text())
+        out.update(targets(out["cases"]))
+        out["resummarised_from_saved_run"] = True
+        if args.save:
+            (HERE / "results" / "logprob.json").write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps(out))
         return 0
     Ts = [4096] if args.quick else [1024, 4096, 16384]
     args.repeats = args.repeats or (1 if args.quick else 2)
@@ -198,28 +298,7 @@ def main() -> int:
                 "fwd_bwd_s_min": round(min(c["times_s"]), 3),
             }
         out["chunk_sweep_T4096"] = sweep
-    naive, fused = rows.get("naive_T4096"), rows.get("fused_T4096")
-    if naive and fused:
-        mem = fused["peak_mb"] / naive["peak_mb"]
-        tim = fused["fwd_bwd_s_median"] / naive["fwd_bwd_s_median"]
-        out["targets"] = {
-            "peak_mem_fused_over_naive_T4096": {
-                "target": "<= 0.125",
-                "measured": round(mem, 4),
-                "met": mem <= 0.125,
-            },
-            "time_fused_over_naive_T4096": {
-                "target": "<= 1.3",
-                "measured": round(tim, 3),
-                "met": tim <= 1.3,
-            },
-        }
-        out["supplementary"] = {
-            "cpu_time_fused_over_naive_T4096": {
-                "note": "CPU seconds, less sensitive to other load than wall",
-                "measured": round(fused["fwd_bwd_cpu_s_median"] / naive["fwd_bwd_cpu_s_median"], 3),
-            },
-        }
+    out.update(targets(rows))
     line = json.dumps(out)
     if args.save:
         (HERE / "results").mkdir(exist_ok=True)

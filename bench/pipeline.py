@@ -274,6 +274,8 @@ def main() -> None:
         default="two_stage",
         help="three_stage: every env step sleeps (1 s; 0.25 s with --quick) first",
     )
+    ap.add_argument("--phase-steps", type=int, default=0, help="override steps per phase")
+    ap.add_argument("--rounds", type=int, default=0, help="override sync+async rounds")
     ap.add_argument(
         "--resummarise",
         action="store_true",
@@ -281,6 +283,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     three = args.workload == "three_stage"
+    for key in ("phase_steps", "rounds"):
+        if getattr(args, key):
+            (QUICK if args.quick else FULL)[key] = getattr(args, key)
     sleep_s = STEP_SLEEP_S["quick" if args.quick else "full"] if three else 0.0
     saved = ROOT / "bench" / "results" / ("pipeline_three_stage.json" if three else "pipeline.json")
     t0 = time.perf_counter()

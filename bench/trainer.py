@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from _hw import machine
+from _hw import int_list, machine, refuse
 
 from spade_async.models import tiny_model_dir
 from spade_async.trainer.batch import Batch, Sample
@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="", help="HF model dir (default: a tiny random Llama)")
     ap.add_argument("--ranks", default="1,2", help="world sizes to run, comma separated")
     args = ap.parse_args(argv)
+    world_sizes = int_list(args.ranks, "--ranks")
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        refuse(f"--model {args.model} is not a Hugging Face model directory (no config.json)")
     # Default: a random Llama proportioned like SmolLM2-135M, scaled down: its decoder body
     # costs ~4x its vocab head per token (SmolLM2: 106M body, 28M head), as in every real
     # policy (Qwen3-4B ~9x). Hidden 256, MLP 688, 12 layers, vocab 8192 (random ids). A
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = sorted(len(s.token_ids) for s in batch.samples)
     results, ratios, vs = {}, {}, {}
     lens = [len(x.token_ids) for x in batch.samples]
-    for ranks in [int(r) for r in args.ranks.split(",")]:
+    for ranks in world_sizes:
         timed = run(model, ranks, batch, steps, budget)
         for layout, r in timed.items():
             r["padding_fraction"] = padding_fraction(lens, ranks, budget, layout)

@@ -47,3 +47,26 @@ def test_quick_run_prints_targets_as_json(name):
     for key, t in out["targets"].items():
         assert {"target", "measured", "met"} <= set(t), key
         assert isinstance(t["met"], bool), key
+
+
+@pytest.mark.parametrize(
+    "script, args, words",
+    [
+        ("logprob", ["--device", "cuda", "--quick"], "CUDA"),
+        ("trainer", ["--ranks", "x"], "--ranks"),
+        ("trainer", ["--model", "/nonexistent"], "config.json"),
+        ("memory", ["--sizes", "1k"], "--sizes"),
+    ],
+)
+def test_a_workload_that_cannot_run_is_one_line_exit_2(script, args, words):
+    if script == "logprob" and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert proc.stderr.startswith("error: ") and words in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -33,7 +33,7 @@ FULL = {
         "steps": 3,
     },
     "export": {"bucket_mib": 512, "pushes": 2},
-    "budget_s": {"peak": 20, "kernels": 100, "trainer": 120, "export": 45, "sglang": 5},
+    "budget_s": {"peak": 20, "kernels": 100, "trainer": 130, "export": 40, "sglang": 5},
 }
 
 QUICK = copy.deepcopy(FULL)

@@ -4,7 +4,8 @@ The trainer part starts a world-size-1 process group (NCCL on CUDA, gloo on CPU,
 writes a random Qwen3-shaped model (bf16 safetensors, in /dev/shm when it has 8 GiB free), builds
 ``spade_async.trainer.step.Trainer`` on it (fp32 masters, bf16 compute, FSDP2 per decoder
 block, the varlen attention the trainer picks) and times packed ``train_step``s on a
-long-tailed batch, then padded ones (each micro-batch padded to its longest) for the ratio.
+long-tailed batch, then padded ones (arrival order, each micro-batch padded to its longest)
+and length-sorted buckets (``padded_sorted``), for the ratios.
 MFU = model flops / step time / the ``peak`` part's measured matmul flops; model flops per
 step = 6 * decoder params * tokens + 6 * V * D * loss tokens + 6 * L * H * hd * sum(len^2)
 (causal attention, forward + backward; recomputation is not counted).
@@ -182,14 +183,15 @@ def trainer_part(ctx: dict, result: dict) -> None:
         trainer.optimizer.zero_grad(set_to_none=True)  # drop a half-done step's gradients
         result["logprob_backend"] = f"torch (triton failed: {type(exc).__name__}: {exc})"[:300]
         log(f"trainer: {result['logprob_backend']}")
-    for layout in ("packed", "padded"):
+    for layout in ("packed", "padded", "padded_sorted"):
         r = result[layout] = _steps(trainer, batch, cfg["steps"], layout)
         if ctx.get("peak_flops") and device == "cuda":
             r["mfu"] = round(flops / r["step_s"] / ctx["peak_flops"], 4)
         log(f"trainer: {layout} {r}")
-    result["packed_vs_padded"] = round(
-        result["packed"]["tokens_per_s"] / result["padded"]["tokens_per_s"], 3
-    )
+    for layout in ("padded", "padded_sorted"):
+        result[f"packed_vs_{layout}"] = round(
+            result["packed"]["tokens_per_s"] / result[layout]["tokens_per_s"], 3
+        )
     result["version"] = trainer.version
 
 
