@@ -80,7 +80,7 @@ def _transport(conn, stats: dict):
             stats["engine_s"] += time.perf_counter() - t0
             stats["buckets"] += 1
             return httpx.Response(200, json={"success": True})
-        if path == "/get_weight_version":
+        if path == "/model_info":  # SGLang 0.5.23 reports the weight version here
             conn.send(("version",))
             return httpx.Response(200, json={"weight_version": conn.recv()})
         if path in ("/pause_generation", "/continue_generation"):
@@ -155,10 +155,12 @@ def export_part(ctx: dict, result: dict) -> None:
         result["note"] = "push 0 includes the child's CUDA start and its weight allocation"
         parent.send(("sums",))
         engine_sums = parent.recv()
-        from spade_async.trainer.weights import _named_full_tensors
+        from spade_async.trainer.stream import bucketed
 
         mine = {
-            n: float(t.to(torch.bfloat16).double().sum()) for n, t in _named_full_tensors(trainer)
+            n: float(t.double().sum())
+            for bucket in bucketed(trainer, torch.bfloat16, 512 << 20)
+            for n, t in bucket
         }
         result["tensors"] = len(mine)
         result["weights_match"] = engine_sums.keys() == mine.keys() and all(
