@@ -37,7 +37,9 @@ def char_tokenizer(chat_template: str):
     return fast
 
 
-def char_model_dir(path: str | Path, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+def char_model_dir(
+    path: str | Path, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
+) -> Path:
     """Write the character-level random Llama to ``path`` (kept if already there)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

@@ -5,14 +5,16 @@ place (from the seed); the agent has ``ATTEMPTS`` replies, each scored by its fi
 character, and wins (reward 1) when one names a lowercase letter inside the window. The
 designer's letter sets the width: ``a`` = 26 (every letter wins), ``b`` = 25, ... ``z`` = 1.
 
-Why this family shows the designer learning on a CPU in minutes: a random-initialised tiny
-model's agent starts a reply with a lowercase letter about 2/3 of the time, so with 3
-attempts wide windows (early letters) are won almost always and narrow ones (late letters)
-almost never; the frontier, where the agent wins about half its plays and the blend reward
-pays most, is a few letters near ``s``. The designer's first token lands there rarely at
-first (about 1 reply in 6), and moving it there is a shift of one token's distribution.
-As the agent learns to start its replies with a letter, the frontier moves to narrower
-windows (later letters) and the designer has to follow it.
+Why this family shows the designer learning on a CPU in minutes: the model of ``spade demo
+--learning`` is a random-initialised tiny Llama over a character vocabulary (``char_model``;
+101 ids, 26 of them lowercase letters), so at first a reply starts with a lowercase letter
+about one time in four: a 26-wide window (``a``) is won in about 60% of plays, narrow ones
+(late letters) almost never, and about three replies in four name no letter at all (no
+parameter: reward 0). The designer's reward is low until its replies become letters near
+the agent's frontier (a game won about half the time, where the blend reward pays most);
+that is a shift of one token's distribution, which a few trainer steps can make. As the
+agent's replies change (its letters and the designer's come from one model), the frontier
+moves and the designer has to follow it.
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ def prompt(
     for code, rate, regret in positives:
         letter = letter_of(code)
         if letter and rate is not None:
-            lines.append(f"Letter {letter} worked: the agent won {rate:.0%} (regret {regret or 0:.2f}).")
+            lines.append(
+                f"Letter {letter} worked: the agent won {rate:.0%} (regret {regret or 0:.2f})."
+            )
     if negative and letter_of(negative[0]):
         lines.append(f"Letter {letter_of(negative[0])} did not work ({negative[1]}).")
     lines.append("Reply with the letter only.")
