@@ -23,6 +23,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spade demo
 
+.PHONY: demo-learning
+demo-learning: $(STAMP)  # the designer learns: configs/cpu-learning.toml, minutes on 2 cores
+	$(BIN)/spade demo --learning
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
