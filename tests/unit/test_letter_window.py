@@ -104,3 +104,19 @@ def test_demo_learning_runs_the_learning_recipe_on_the_char_model(monkeypatch, t
     assert argv[:3] == [str(demo.LEARNING), "--run-dir", str(tmp_path / "r")]
     assert argv[3] == "--set" and argv[4].startswith("model=") and "char-tiny-llama" in argv[4]
     assert recipe.load(demo.LEARNING).designer.family == "letter_window"
+
+
+def test_the_designer_uses_the_family_for_prompt_and_extraction():
+    import anyio
+    import numpy as np
+
+    from spade_async.roles import designer
+
+    cfg = designer.DesignerConfig(family="letter_window", skills=("Letter_Window",))
+    prompt, shown = designer.build_prompt(
+        cfg, skill="Letter_Window", document=None, store=None, rng=np.random.default_rng(0)
+    )
+    assert prompt == lw.prompt(skill="Letter_Window") and shown == []
+    source, verdict = anyio.run(designer._check, "```python\nclass XEnv: pass\n```", None, cfg)
+    assert source is None and not verdict.valid
+    assert verdict.reason == family("letter_window").no_parameter
