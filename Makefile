@@ -31,6 +31,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spade demo
 
+.PHONY: demo-learning
+demo-learning: $(STAMP)  # the designer learns: configs/cpu-learning.toml, minutes on 2 cores
+	$(BIN)/spade demo --learning
+
 # Numerics tests again with ATen's portable kernels: tolerances must hold on any x86-64 CPU.
 NUMERICS := tests/kernels tests/unit/test_trainer_packing.py tests/unit/test_trainer_step.py \
 	tests/integration/test_trainer_rpc.py

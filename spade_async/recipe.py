@@ -195,3 +195,12 @@ def check(cfg: Config) -> None:
             f"trainer.temperature ({cfg.trainer.temperature}) must equal agent.temperature "
             f"({cfg.agent.temperature}): rollout log-probs are log_softmax(logits / T)"
         )
+    if cfg.designer.family:
+        from spade_async.settings import family
+
+        family(cfg.designer.family)  # an unknown family is one line
+        if cfg.designer.setting != "games":
+            raise ConfigError(
+                f"designer.family = {cfg.designer.family!r} builds games; "
+                f"set designer.setting = 'games' (not {cfg.designer.setting!r})"
+            )

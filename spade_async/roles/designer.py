@@ -29,6 +29,7 @@ from spade_async.memory.sampling import designer_context
 from spade_async.memory.writer import MemoryWriter
 from spade_async.roles.prompts import SKILLS, designer_prompt, repair_prompt
 from spade_async.rundir import RunDir
+from spade_async.settings import family
 
 
 class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +69,9 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "one is valid (reference: 5 attempts per environment)",
     ) = 4
     validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
+    family: Doc(
+        str, "environment family whose parameters the designer writes ('' = free-form code)"
+    ) = ""
 
 
 @dataclass
@@ -118,7 +122,8 @@ def build_prompt(
                 positives.append((head, None, None))
             else:
                 positives.append((head, rec.stats.win_rate_nohint or 0.0, rec.stats.regret))
-    prompt = designer_prompt(
+    write = family(cfg.family).prompt if cfg.family else designer_prompt
+    prompt = write(
         skill=skill,
         setting=cfg.setting,
         document=document,
@@ -227,9 +232,12 @@ def _rejected(prompt_ids, skill, doc_id, version, reason: str) -> DesignSample:
 
 
 async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | None, Verdict]:
-    source = extract_code(strip_think(reply))  # code inside the reasoning is not the answer
+    fam = family(cfg.family) if cfg.family else None
+    reply = strip_think(reply)  # code inside the reasoning is not the answer
+    source = fam.build(reply) if fam else extract_code(reply)
     if not source:
-        return None, Verdict(valid=False, stage="syntax", reason="the reply holds no Python code")
+        why = fam.no_parameter if fam else "the reply holds no Python code"
+        return None, Verdict(valid=False, stage="syntax", reason=why)
     return source, await validate_source(source, pool=pool, seeds=cfg.validation_seeds)
 
 
