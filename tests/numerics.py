@@ -57,3 +57,14 @@ def approx32(value: float, scale: float, rel: float):
     import pytest
 
     return pytest.approx(value, rel=0, abs=rel * scale)
+
+
+def forward_bound(config, seq_len: int) -> float:
+    """Relative float32 error of a decoder's logits / log-probs (same weights, any kernel
+    order): every layer sums over the hidden size (q/k/v/o, up/gate), the head dim and the
+    sequence (attention) and the intermediate size (down); then the head (hidden size) and
+    the log-softmax (vocabulary)."""
+    d, v = config.hidden_size, config.vocab_size
+    inter, layers = config.intermediate_size, config.num_hidden_layers
+    head = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    return reduction_bound(*([d, d, head, seq_len, d, d, inter] * layers), d, v)
