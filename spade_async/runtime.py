@@ -121,15 +121,21 @@ class Runtime:
         self.state.version = pushed.version
         return pushed
 
+    def engine_crashed(self, server) -> None:
+        """A crashed engine will come back serving its start-up weights: out of the
+        generation client's rotation (retries included) until ``engine_restarted`` pushed."""
+        self.client.hold(server.url)
+
     async def engine_restarted(self, server) -> None:
         """A crashed engine came back serving its start-up weights: the current ones go to
-        every engine now (through a new NCCL group on the distributed path), so it serves
-        the trainer's policy again; tokens it made before carry its old weight version."""
+        every engine now (through a new NCCL group on the distributed path); only then does
+        it rejoin the rotation, so it never generates with weights older than the trainer's."""
         pause = self.cfg.schedule == "async"
         try:
             await self.push(pause=pause)
         except TrainerDied as exc:  # the restarted trainer pushes its weights itself
             await self.restart_trainer(str(exc), pause=pause)
+        self.client.release(server.url)
 
     async def restart_trainer(self, why: str, *, pause: bool = False) -> None:
         """A dead trainer comes back from the latest checkpoint (or the base model) and its
@@ -305,8 +311,9 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         )
         if state.meters:
             rt.meters.load_state_dict(state.meters)
-        for e in engines:  # a restarted engine gets the current weights at once
+        for e in engines:  # a restarted engine gets the current weights before it serves
             e.on_restart = rt.engine_restarted
+            e.on_crash = rt.engine_crashed
         if external:  # engines this run did not start serve whatever they had: the trainer's now
             await rt.push(pause=False)
         try:

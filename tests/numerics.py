@@ -42,3 +42,29 @@ def assert_close_norm(got: torch.Tensor, ref64: torch.Tensor, rel: float, what: 
     assert err <= rel * scale, (
         f"{what}: ||got - ref64|| = {err:.3e} exceeds {rel:.2e} * ||ref64|| = {rel * scale:.3e}"
     )
+
+
+def pointwise_bound(ops: int, expmax: float = 0.0, *lengths: int) -> float:
+    """Relative float32 error of ``ops`` rounded elementwise operations, one of them an exp
+    (or log-ratio) of an argument of size up to ``expmax`` (exp turns the argument's absolute
+    rounding EPS32 * |x| into that relative error), followed by sums of the given lengths."""
+    return EPS32 * (ops + expmax) + reduction_bound(*lengths)
+
+
+def approx32(value: float, scale: float, rel: float):
+    """pytest.approx for a float32 result whose float64 value is ``value``: absolute slack
+    ``rel * scale``, where ``scale`` is the sum of the magnitudes of what was added up."""
+    import pytest
+
+    return pytest.approx(value, rel=0, abs=rel * scale)
+
+
+def forward_bound(config, seq_len: int) -> float:
+    """Relative float32 error of a decoder's logits / log-probs (same weights, any kernel
+    order): every layer sums over the hidden size (q/k/v/o, up/gate), the head dim and the
+    sequence (attention) and the intermediate size (down); then the head (hidden size) and
+    the log-softmax (vocabulary)."""
+    d, v = config.hidden_size, config.vocab_size
+    inter, layers = config.intermediate_size, config.num_hidden_layers
+    head = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    return reduction_bound(*([d, d, head, seq_len, d, d, inter] * layers), d, v)

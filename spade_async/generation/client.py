@@ -114,6 +114,8 @@ class GenerationClient:
         self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
         self._inflight = dict.fromkeys(self.urls, 0)
         self._down: set[str] = set()
+        self._held: set[str] = set()  # restarted engines kept out of rotation (hold/release)
+        self._released = anyio.Event()
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
@@ -136,14 +138,29 @@ class GenerationClient:
         """Requests in flight per engine (for the dashboard)."""
         return dict(self._inflight)
 
+    def hold(self, url: str) -> None:
+        """Keep ``url`` out of rotation (a crashed engine restarting: it would serve start-up
+        weights): no generation goes to it, retries included, until ``release``."""
+        self._held.add(url.rstrip("/"))
+
+    def release(self, url: str) -> None:
+        """Back into rotation (its weight push has landed); wakes generations waiting on it."""
+        self._held.discard(url.rstrip("/"))
+        self._released.set()
+        self._released = anyio.Event()
+
     def pick(self, session_key: str | None = None) -> str:
-        """Least-loaded healthy engine; the same one for a session while it stays healthy."""
+        """Least-loaded healthy engine; the same one for a session while it stays healthy.
+        Held engines are never picked (``generate`` waits while every engine is held)."""
         if session_key is not None:
             url = self._sessions.get(session_key)
-            if url is not None and url not in self._down:
+            if url is not None and url not in self._down and url not in self._held:
                 self._sessions.move_to_end(session_key)
                 return url
-        healthy = [u for u in self.urls if u not in self._down] or self.urls
+        serving = [u for u in self.urls if u not in self._held]
+        if not serving:
+            raise _Held("every engine is held")
+        healthy = [u for u in serving if u not in self._down] or serving
         url = min(healthy, key=lambda u: self._inflight[u])
         if session_key is not None:
             self._sessions[session_key] = url
@@ -186,12 +203,19 @@ class GenerationClient:
             input_ids=list(input_ids), sampling_params=sampling, return_logprob=return_logprob
         )
         async with self._limiter:
-            url = self.pick(session_key)
-            self._inflight[url] += 1
-            try:
-                body = await self._call(url, routes.GENERATE, req)
-            finally:
-                self._inflight[url] -= 1
+            while True:
+                if self._held.issuperset(self.urls):  # every engine restarting: wait for one
+                    await self._released.wait()
+                    continue
+                url = self.pick(session_key)
+                self._inflight[url] += 1
+                try:
+                    body = await self._call(url, routes.GENERATE, req)
+                    break
+                except _Held:  # its engine crashed and is held: another one (or wait)
+                    continue
+                finally:
+                    self._inflight[url] -= 1
         outs = _decode(_GEN_DECODER, body, url, routes.GENERATE)
         outs = outs if isinstance(outs, list) else [outs]
         return [_result(o, url) for o in outs]
@@ -382,6 +406,8 @@ class GenerationClient:
         for attempt in range(cfg.max_retries + 1):
             if attempt:
                 await anyio.sleep(min(cfg.backoff_s * 2 ** (attempt - 1), cfg.backoff_max_s))
+            if url in self._held and path == routes.GENERATE.path:
+                raise _Held(url)  # never generate on a held engine, not even as a retry
             try:
                 with anyio.fail_after(cfg.request_timeout_s):
                     resp = await self._http.request(
@@ -413,6 +439,10 @@ class GenerationClient:
             f"engine {url}{path} failed after {cfg.max_retries + 1} attempts ({last}); "
             "is the server running and healthy?"
         )
+
+
+class _Held(Exception):
+    """A generation reached an engine held out of rotation; ``generate_n`` picks again."""
 
 
 def _raise_all(errors: list[EngineError]) -> None:

@@ -161,6 +161,7 @@ class SGLangServer:
         self.process: anyio.abc.Process | None = None
         self.restarts = 0
         self.on_restart = None  # async callable(server), awaited after each crash restart
+        self.on_crash = None  # callable(server), called when a crash is seen, before restart
         self._log: IO[bytes] | None = None
         self._stopping = False
 
@@ -258,6 +259,8 @@ class SGLangServer:
                         f"SGLang server {self.url} crashed (status {proc.returncode}) after "
                         f"{self.restarts} restarts; see {self.cfg.log_path or 'its output'}"
                     )
+                if self.on_crash is not None:
+                    self.on_crash(self)
                 await self.restart()
                 if self.on_restart is not None:
                     await self.on_restart(self)

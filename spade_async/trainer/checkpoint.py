@@ -5,8 +5,9 @@ own), ``trainer.json`` (step, version, skipped steps, scheduler state, every par
 full shape) from rank 0, and ``rng-rank{R}.pt`` per rank. ``load_checkpoint`` compares
 shapes first, so a checkpoint of another model is one clear error, not a DCP traceback.
 
-``export_hf`` gathers full weights to rank 0 (CPU) and writes ``model.safetensors`` +
-config + tokenizer files: a directory transformers, SGLang and the CPU engine load.
+``export_hf`` streams the weights bucket by bucket in the checkpoint's dtype (as pushes do,
+trainer/stream.py) into ``model.safetensors`` (or HF-sized shards + index) + config +
+tokenizer files: a directory transformers, SGLang and the CPU engine load.
 """
 
 from __future__ import annotations
@@ -14,24 +15,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from spade_async.errors import SpadeError
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "export_hf", "full_state_dict"]
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "export_hf"]
 
 PREFIX = "causal_lm."
 TOKENIZER_FILES = (
@@ -155,48 +149,16 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
     return meta
 
 
-def full_state_dict(trainer) -> dict[str, torch.Tensor]:
-    """Hugging Face-named full CPU weights on rank 0 ({} elsewhere); every rank calls this."""
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_model_state_dict(trainer.model, options=opts)
-    if trainer.rank != 0:
-        return {}
-    out = {k.removeprefix(PREFIX): v.detach().to("cpu").contiguous() for k, v in sd.items()}
-    if getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False):
-        out.pop("lm_head.weight", None)  # tied: transformers re-ties it from the embedding
-    return out
+def export_hf(trainer, directory: str | Path, *, shard_bytes: int = 0) -> Path:
+    """Every rank calls this; rank 0 writes the directory atomically (temp dir + rename).
 
+    Streamed like a weight push (trainer/stream.py): bucket by bucket, each cast to the
+    export dtype (the checkpoint's own, from its config.json) on the shard before it is
+    gathered, one ``shard_bytes`` safetensors file in memory at a time (default
+    ``stream.DISK_SHARD_BYTES``). No process ever holds a full fp32 copy of the model."""
+    from spade_async.trainer import stream  # stream imports this module
 
-def export_hf(trainer, directory: str | Path) -> Path:
-    """Every rank calls this; rank 0 writes the directory atomically (temp dir + rename)."""
-    from safetensors.torch import save_file
-
-    weights = full_state_dict(trainer)
-    target = Path(directory)
-    if trainer.rank == 0:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-        try:
-            save_file(
-                {k: v.clone() for k, v in weights.items()},
-                str(tmp / "model.safetensors"),
-                metadata={"format": "pt", "spade_version": str(trainer.version)},
-            )
-            trainer.model.causal_lm.config.save_pretrained(tmp)
-            for name in TOKENIZER_FILES:
-                src = trainer.model_dir / name
-                if src.is_file():
-                    shutil.copy2(src, tmp / name)
-            (tmp / "spade_version.json").write_text(json.dumps({"version": trainer.version}))
-            if target.exists():
-                old = target.with_name(f".{target.name}-old-{os.getpid()}")
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    _barrier()
-    return target
+    dtype = stream.engine_dtype(trainer.model_dir, sglang_auto=False)
+    return stream.export_safetensors(
+        trainer, Path(directory), dtype, shard_bytes or stream.DISK_SHARD_BYTES
+    )

@@ -108,10 +108,11 @@ def test_start_stop_and_restart_after_crash(fake):
         async def main():
             server = SGLangServer(cfg)
             server.on_restart = on_restart
+            server.on_crash = lambda srv: hooked.append(("crash", srv.restarts))
             async with anyio.create_task_group() as tg:
                 url = await tg.start(server.run)
                 with anyio.fail_after(20):
-                    while not hooked:
+                    while 1 not in hooked:
                         await anyio.sleep(0.1)
                 tg.cancel_scope.cancel()
             return url, server
@@ -121,7 +122,7 @@ def test_start_stop_and_restart_after_crash(fake):
         del os.environ["FAKE_CRASH_AFTER"]
     recs = records()
     assert url == f"http://127.0.0.1:{cfg.port}" and server.restarts == 1 and len(recs) == 2
-    assert hooked == [1]  # called once, after the restart
+    assert hooked == [("crash", 0), 1]  # on_crash before the restart, on_restart once after
     assert recs[0]["cuda"] == "2,3" and recs[0]["orig_lp"] == "0" and "--tp-size" in recs[0]["argv"]
     for rec in recs:  # everything stopped
         with pytest.raises(ProcessLookupError):

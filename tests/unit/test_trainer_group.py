@@ -104,8 +104,10 @@ def test_runtime_numbers_groups_by_restarts():
         calls.append(kw)
         return types.SimpleNamespace(version=5)
 
-    engines = [types.SimpleNamespace(restarts=0), types.SimpleNamespace(restarts=0)]
+    engines = [types.SimpleNamespace(restarts=0, url=u) for u in ("u", "v")]
+    released = []
     rt = types.SimpleNamespace(
+        client=types.SimpleNamespace(release=released.append),
         push_kw={"engines": ["u#tp=1", "v#tp=1"], "mode": "distributed", "master_port": 1},
         engines=engines, trainer_restarts=0, pushed_group_epoch=-1,
         trainer=types.SimpleNamespace(push_weights=push_weights),
@@ -126,3 +128,4 @@ def test_runtime_numbers_groups_by_restarts():
     assert epochs[:2] == [(0, -1, 1), (0, 0, 1)]
     assert epochs[2][:2] == (1, 0) and epochs[2][2] != 1  # new group, new rendezvous port
     assert calls[2]["pause_mode"] == "in_place" and rt.state.version == 5
+    assert released == ["v"]  # back in the client's rotation only after the push
