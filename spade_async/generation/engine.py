@@ -32,6 +32,7 @@ import torch
 
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.protocol import FinishReason, SamplingParams
+from spade_async.generation.sampling import sample_tokens
 
 __all__ = ["MEMORY_TAGS", "Engine", "EngineBusy", "Sequence", "sample_tokens"]
 
@@ -100,7 +101,8 @@ class Engine:
         self.active: list[Sequence] = []
         self.cache: Any = None
         self.mask_BT: torch.Tensor | None = None
-        self.stats = {"prefills": 0, "decode_steps": 0, "max_batch": 0, "tokens": 0}
+        self.stats = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "max_batch": 0,
+                      "tokens": 0}  # fmt: skip
 
     # ---- public, thread-safe -------------------------------------------------------------
     def start(self) -> None:
@@ -264,29 +266,44 @@ class Engine:
         self._reset_batch()
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        from transformers import DynamicCache
+        for group in _length_groups(seqs):
+            self._prefill_group(group)
 
-        G, L = len(seqs), max(len(s.prompt_ids) for s in seqs)
-        ids_GL = torch.full((G, L), self.pad_id, dtype=torch.long)
-        mask_GL = torch.zeros((G, L), dtype=torch.long)
-        for g, seq in enumerate(seqs):
-            n = len(seq.prompt_ids)
-            ids_GL[g, L - n :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-            mask_GL[g, L - n :] = 1
-        pos_GL = (mask_GL.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache()
+    def _prefill_group(self, seqs: list[Sequence]) -> None:
+        """Prefill prompts of similar length together; identical prompts (``n`` samples of
+        one problem, a GRPO group) are run once and their KV rows repeated."""
+        unique: dict[tuple[int, ...], int] = {}
+        row_of = [unique.setdefault(tuple(s.prompt_ids), len(unique)) for s in seqs]
+        prompts = list(unique)
+        U, L = len(prompts), max(len(p) for p in prompts)
+        ids_UL = torch.full((U, L), self.pad_id, dtype=torch.long)
+        mask_UL = torch.zeros((U, L), dtype=torch.long)
+        for u, prompt in enumerate(prompts):
+            ids_UL[u, L - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask_UL[u, L - len(prompt) :] = 1
+        pos_UL = (mask_UL.cumsum(1) - 1).clamp(min=0)
+        cache = _slab_cache()
         out = self.model(
-            input_ids=ids_GL,
-            attention_mask=mask_GL,
-            position_ids=pos_GL,
+            input_ids=ids_UL,
+            attention_mask=mask_UL,
+            position_ids=pos_UL,
             use_cache=True,
             logits_to_keep=1,
             **{_cache_kw(self.model): cache},
-        )
-        self._merge(seqs, cache, mask_GL)  # DynamicCache is filled in place
+        )  # the cache is filled in place
+        logits_GV = out.logits[:, -1, :]
+        mask_GL = mask_UL
+        if U < len(seqs):
+            rows_G = torch.tensor(row_of, dtype=torch.long)
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, rows_G)
+                layer.values = layer.values.index_select(0, rows_G)
+            logits_GV, mask_GL = logits_GV.index_select(0, rows_G), mask_UL.index_select(0, rows_G)
+        self._merge(seqs, cache, mask_GL)
         self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += int(mask_UL.sum())
         self.stats["max_batch"] = max(self.stats["max_batch"], len(self.active))
-        self._sample_and_finish(out.logits[:, -1, :], first_row=len(self.active) - G)
+        self._sample_and_finish(logits_GV, first_row=len(self.active) - len(seqs))
 
     def _decode(self) -> None:
         B = len(self.active)
@@ -373,6 +390,87 @@ class Engine:
             seq.future.set_result(seq)
 
 
+PAD_WASTE = 0.25  # a prefill group pads at most this share of its real prompt tokens
+
+
+def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
+    """Split a prefill by prompt length so left-padding stays under ``PAD_WASTE``: one batch
+    of an 86- and a 579-token prompt computes 1158 positions for 665 real ones."""
+    groups: list[list[Sequence]] = []
+    tokens = 0
+    for seq in sorted(seqs, key=lambda s: len(s.prompt_ids)):
+        n = len(seq.prompt_ids)
+        if groups and (len(groups[-1]) + 1) * n <= (1 + PAD_WASTE) * (tokens + n):
+            groups[-1].append(seq)
+            tokens += n
+        else:
+            groups.append([seq])
+            tokens = n
+    return groups
+
+
+def _slab_cache() -> Any:
+    """A ``DynamicCache`` whose layers grow in place (see ``_slab_layer``)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _slab_layer()
+    return cache
+
+
+_SLAB: type | None = None
+
+
+def _slab_layer() -> type:
+    """``DynamicLayer`` whose keys/values are views into buffers with spare room along T.
+
+    transformers' ``DynamicLayer.update`` concatenates, copying the whole cache of every
+    layer at every decode step: at batch 30 that was a third of the step on a CPU. Here a
+    step writes its column in place; the buffer grows by half when full. Any other code that
+    assigns ``keys``/``values`` (the engine's merge and row selection) just leaves tensors
+    that are not views of the buffer: the next update copies them into a new one.
+    """
+    global _SLAB
+    if _SLAB is not None:
+        return _SLAB
+    from transformers.cache_utils import DynamicLayer
+
+    class SlabLayer(DynamicLayer):
+        k_buf: torch.Tensor | None = None
+        v_buf: torch.Tensor | None = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+            n, t = self.keys.shape[-2], key_states.shape[-2]
+            own = (  # still a view of the buffer (``_base`` is unset under inference_mode)
+                self.k_buf is not None
+                and self.keys.data_ptr() == self.k_buf.data_ptr()
+                and self.keys.stride() == self.k_buf.stride()
+                and self.values.data_ptr() == self.v_buf.data_ptr()
+            )
+            if not own or n + t > self.k_buf.shape[-2]:
+                self.k_buf = _with_room(self.keys, n + t)
+                self.v_buf = _with_room(self.values, n + t)
+            self.k_buf[:, :, n : n + t] = key_states
+            self.v_buf[:, :, n : n + t] = value_states
+            self.keys, self.values = self.k_buf[:, :, : n + t], self.v_buf[:, :, : n + t]
+            return self.keys, self.values
+
+    _SLAB = SlabLayer
+    return SlabLayer
+
+
+def _with_room(x: torch.Tensor, need: int) -> torch.Tensor:
+    """A ``[B, H, cap, D]`` buffer holding ``x`` in its first columns, ``cap >= need`` with
+    room for a run of decode steps."""
+    B, H, n, D = x.shape
+    buf = x.new_empty((B, H, need + max(32, need // 2), D))
+    buf[:, :, :n] = x
+    return buf
+
+
 def _tags(tags: list[str] | None) -> set[str]:
     chosen = set(MEMORY_TAGS if tags is None else tags)
     unknown = sorted(chosen - set(MEMORY_TAGS))
@@ -401,43 +499,6 @@ def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] = missing
     return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-
-def sample_tokens(
-    logprobs_BV: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
-) -> torch.Tensor:
-    """One token per row: greedy rows take the argmax; the others apply top-k, min-p and
-    top-p to ``exp(logprobs_BV)`` and draw by inverse CDF with one uniform from the row's own
-    generator (exact categorical sampling; reproducible per request seed)."""
-    B, V = logprobs_BV.shape
-    greedy_B = torch.tensor([p.temperature <= 0 or p.top_k == 1 for p in params])
-    argmax_B = logprobs_BV.argmax(dim=1)
-    if bool(greedy_B.all()):
-        return argmax_B
-    probs_BV = logprobs_BV.exp()
-    top_k_B = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in params])
-    if bool((top_k_B < V).any()):
-        k_max = int(top_k_B.max())
-        kth_B1 = torch.topk(probs_BV, k_max, dim=1).values.gather(1, (top_k_B - 1).unsqueeze(1))
-        probs_BV = torch.where(probs_BV >= kth_B1, probs_BV, 0.0)
-    min_p_B1 = torch.tensor([[p.min_p] for p in params], dtype=probs_BV.dtype)
-    if bool((min_p_B1 > 0).any()):
-        floor_B1 = min_p_B1 * probs_BV.max(dim=1, keepdim=True).values
-        probs_BV = torch.where(probs_BV >= floor_B1, probs_BV, 0.0)
-    top_p_B1 = torch.tensor([[p.top_p] for p in params], dtype=probs_BV.dtype)
-    if bool((top_p_B1 < 1).any()):
-        sorted_BV, order_BV = torch.sort(probs_BV, dim=1, descending=True)
-        cum_BV = sorted_BV.cumsum(1)
-        drop_BV = cum_BV - sorted_BV > top_p_B1 * cum_BV[:, -1:]
-        probs_BV = torch.zeros_like(probs_BV).scatter(
-            1, order_BV, sorted_BV.masked_fill(drop_BV, 0.0)
-        )
-    cdf_BV = probs_BV.cumsum(1)
-    u_B1 = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(1).to(cdf_BV.dtype)
-    drawn_B = (
-        torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
-    )
-    return torch.where(greedy_B, argmax_B, drawn_B)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

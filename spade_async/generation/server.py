@@ -68,13 +68,13 @@ from spade_async.generation.protocol import (
 __all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
 
 
-
 class RoutedGenerateReqInput(GenerateReqInput, kw_only=True):
     """``/generate`` as the CPU engine decodes it: SGLang's body plus the OpenAI-style
     ``model`` that sglang-router adds when it forwards a request (SGLang's HTTP layer drops
     it before its ``GenerateReqInput``; the contract checks what the client sends)."""
 
     model: str | None = None
+
 
 class BadRequest(Exception):
     pass

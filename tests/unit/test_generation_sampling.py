@@ -34,8 +34,11 @@ def test_truncations_and_greedy():
 
 def test_mixed_rows_and_seeds_reproduce():
     logits_BV = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1))
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=5),
-              SamplingParams(temperature=1.2, top_p=0.9)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.2, top_p=0.9),
+    ]
 
     def run():
         gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
@@ -45,3 +48,51 @@ def test_mixed_rows_and_seeds_reproduce():
     first = run()
     assert first == run() and all(row[0] == int(logits_BV[0].argmax()) for row in first)
     assert all(row[1] in torch.topk(logits_BV[1], 5).indices.tolist() for row in first)
+
+
+def _kept_reference(logprobs_V: torch.Tensor, p: SamplingParams) -> set[int]:
+    """The kept set after a full descending sort, in float64 (the rules in sampling.py)."""
+    probs = logprobs_V.double().exp()
+    V = probs.numel()
+    order = torch.argsort(probs, descending=True, stable=True)
+    keep = torch.ones(V, dtype=torch.bool)
+    if 0 < p.top_k < V:
+        keep[order[p.top_k :]] = False
+    keep &= probs >= p.min_p * probs.max()
+    kept = torch.where(keep, probs, 0.0)
+    before = kept[order].cumsum(0) - kept[order]
+    keep[order[before > p.top_p * kept.sum()]] = False
+    return set(keep.nonzero().squeeze(1).tolist())
+
+
+def test_candidate_search_keeps_exactly_what_a_full_sort_keeps():
+    """Rows settle at K = 64, 1024 or the whole vocab; each must keep the same tokens as
+    the float64 full-sort reference, including rows flat enough to need the whole vocab."""
+    from spade_async.generation.sampling import truncated_candidates
+
+    gen = torch.Generator().manual_seed(7)
+    V = 5000
+    scales = [8.0, 3.0, 1.0, 0.3, 0.01]  # peaked ... nearly flat
+    params = [SamplingParams(temperature=1.0, top_p=0.95), SamplingParams(temperature=1.0, top_k=20),
+              SamplingParams(temperature=1.0, min_p=0.1), SamplingParams(temperature=1.0, top_k=1500, top_p=0.9),
+              SamplingParams(temperature=1.0, min_p=0.02, top_p=0.5)]  # fmt: skip
+    rows, row_params = [], []
+    for scale in scales:
+        for p in params:
+            rows.append(torch.log_softmax(torch.randn(V, generator=gen) * scale, 0))
+            row_params.append(p)
+    logprobs_RV = torch.stack(rows)
+    groups = truncated_candidates(logprobs_RV, row_params)
+    widths = set()
+    seen = []
+    for rows_G, ids_GK, probs_GK in groups:
+        widths.add(ids_GK.shape[1])
+        for g, r in enumerate(rows_G.tolist()):
+            seen.append(r)
+            kept = set(ids_GK[g][probs_GK[g] > 0].tolist())
+            assert kept == _kept_reference(logprobs_RV[r], row_params[r]), (r, row_params[r])
+            assert torch.equal(
+                probs_GK[g][probs_GK[g] > 0], logprobs_RV[r].exp()[ids_GK[g][probs_GK[g] > 0]]
+            )
+    assert sorted(seen) == list(range(len(rows)))
+    assert {64, V} <= widths, widths  # peaked rows stop early, flat rows fall back
