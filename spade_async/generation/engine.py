@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from spade_async.generation import ragged
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.protocol import FinishReason, SamplingParams
 from spade_async.generation.sampling import sample_tokens
@@ -82,6 +83,7 @@ class Engine:
         weight_version: str = "0",
     ) -> None:
         self.model = model
+        ragged.enable(model)
         self.tokenizer = tokenizer
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
@@ -249,6 +251,7 @@ class Engine:
             if seq.output_ids:
                 seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
+        ragged.enable(self.model)
         with self._cond:
             self.released.discard("weights")  # a new model brings its own weights
             self._shapes.clear()
@@ -303,24 +306,25 @@ class Engine:
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(mask_UL.sum())
         self.stats["max_batch"] = max(self.stats["max_batch"], len(self.active))
-        self._sample_and_finish(logits_GV, first_row=len(self.active) - len(seqs))
+        self._sample_and_finish(logits_GV, seqs)
 
     def _decode(self) -> None:
         B = len(self.active)
         ids_B1 = torch.tensor([[s.output_ids[-1]] for s in self.active], dtype=torch.long)
         pos_B1 = self.mask_BT.sum(1, keepdim=True)
         mask_BT = torch.cat([self.mask_BT, torch.ones((B, 1), dtype=torch.long)], dim=1)
-        out = self.model(
-            input_ids=ids_B1,
-            attention_mask=mask_BT,
-            position_ids=pos_B1,
-            use_cache=True,
-            **{_cache_kw(self.model): self.cache},
-        )
+        with ragged.using_plan(mask_BT):
+            out = self.model(
+                input_ids=ids_B1,
+                attention_mask=mask_BT,
+                position_ids=pos_B1,
+                use_cache=True,
+                **{_cache_kw(self.model): self.cache},
+            )
         self.mask_BT = mask_BT
         self.stats["decode_steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], B)
-        self._sample_and_finish(out.logits[:, -1, :], first_row=0)
+        self._sample_and_finish(out.logits[:, -1, :], self.active)
 
     def _merge(self, seqs: list[Sequence], cache: Any, mask_GL: torch.Tensor) -> None:
         if not self.active:
@@ -335,9 +339,13 @@ class Engine:
             )
         self.mask_BT = torch.cat([_left_pad(self.mask_BT, width), _left_pad(mask_GL, width)], dim=0)
         self.active.extend(seqs)
+        # longest rows first, so rows with similar padding sit together (ragged.py); the
+        # last G rows stay the new ones for sampling, which reads them by position
+        order = torch.argsort(width - self.mask_BT.sum(1), stable=True)
+        if not torch.equal(order, torch.arange(len(self.active))):
+            self._reorder(order)
 
-    def _sample_and_finish(self, logits_BV: torch.Tensor, first_row: int) -> None:
-        rows = self.active[first_row:]
+    def _sample_and_finish(self, logits_BV: torch.Tensor, rows: list[Sequence]) -> None:
         temps_B1 = torch.tensor([[s.params.temperature] for s in rows], dtype=torch.float32)
         logprobs_BV = sampling_logprobs(logits_BV, temps_B1)
         tokens_B = sample_tokens(logprobs_BV, [s.params for s in rows], [s.generator for s in rows])
@@ -369,6 +377,13 @@ class Engine:
                     return
         if len(seq.output_ids) >= seq.max_new:
             seq.finish = FinishReason(type="length", length=len(seq.output_ids))
+
+    def _reorder(self, order: torch.Tensor) -> None:
+        self.active = [self.active[i] for i in order.tolist()]
+        self.mask_BT = self.mask_BT.index_select(0, order)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, order)
+            layer.values = layer.values.index_select(0, order)
 
     def _select(self, keep: list[int]) -> None:
         if not keep:

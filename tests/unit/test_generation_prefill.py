@@ -83,3 +83,54 @@ def test_shared_prompts_and_buffer_growth_match_teacher_forcing(tiny_model):
             )
             assert all(t in row for t, row in zip(s.output_ids, topk_T.tolist(), strict=True))
     assert worst > 0  # the check compares real numbers
+
+
+def test_ragged_plan_ranges():
+    from spade_async.generation.ragged import MAX_RANGES, plan_ranges
+
+    assert plan_ranges([0, 0, 0], 100) == [(0, 3, 0)]
+    # 100 real columns for row 0, 20 for rows 1-2: they would read 80 padding columns
+    assert plan_ranges([0, 80, 80], 100) == [(0, 1, 0), (1, 3, 80)]
+    many = plan_ranges([0, 50, 75, 88, 94, 97, 99], 100)
+    assert len(many) <= MAX_RANGES and many[0][:2] == (0, 1) and many[-1][1] == 7
+    assert all(a[1] == b[0] for a, b in zip(many, many[1:]))  # contiguous cover
+
+
+def test_ragged_decode_attention_equals_sdpa(tiny_model):
+    """One decode step over left-padded rows: the ragged path (row ranges on views) gives
+    SDPA's output over the full padded width, in float64 (only summation order differs)."""
+    from transformers import DynamicCache
+
+    from spade_async.generation import ragged
+    from spade_async.generation.engine import _cache_kw
+
+    model, _ = load_causal_lm(str(tiny_model))
+    model = model.double().eval()
+    assert ragged.enable(model) and model.config._attn_implementation == ragged.NAME
+    lengths = [40, 38, 12, 11, 3]  # sorted longest first, as the engine keeps them
+    T = max(lengths)
+    gen = torch.Generator().manual_seed(0)
+    ids_BT = torch.randint(10, 1000, (len(lengths), T), generator=gen)
+    mask_BT = torch.zeros((len(lengths), T), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask_BT[b, T - n :] = 1
+    pos_BT = (mask_BT.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        plain = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT).logits[:, -1]
+        with ragged.using_plan(mask_BT[:, :-1]):  # a plan for another width is ignored
+            ignored = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT).logits[
+                :, -1
+            ]
+        cache = {_cache_kw(model): DynamicCache()}
+        model(input_ids=ids_BT[:, :-1], attention_mask=mask_BT[:, :-1], position_ids=pos_BT[:, :-1],
+              use_cache=True, **cache)  # fmt: skip
+        with ragged.using_plan(mask_BT):
+            step = model(input_ids=ids_BT[:, -1:], attention_mask=mask_BT, position_ids=pos_BT[:, -1:],
+                         use_cache=True, **cache).logits[:, -1]  # fmt: skip
+    assert len(ragged.plan_ranges((T - mask_BT.sum(1)).tolist(), T)) > 1  # the ragged path ran
+    assert torch.equal(plain, ignored)
+    cfg = model.config  # float64 throughout: only the order of the sums differs
+    layer = [cfg.hidden_size, T, cfg.hidden_size, cfg.intermediate_size]
+    bound = logit_bound(torch.finfo(torch.float64).eps, float(plain.abs().max()),
+                        *(layer * cfg.num_hidden_layers), cfg.hidden_size)  # fmt: skip
+    assert 0 < float((step - plain).abs().max()) <= bound or torch.equal(step, plain)
