@@ -31,7 +31,7 @@ def print_table(res: Results) -> None:
     console.print(t)
     for name, r in res.suites.items():  # what a suite skipped or approximated, one line each
         for note in r.notes:
-            console.print(f"{name}: {note}", markup=False, highlight=False)
+            console.print(f"{name}: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def load_results(path: Path) -> Results:

@@ -288,3 +288,13 @@ def test_call_parsing_and_checks():
     stones = [["[a()]", "[b(x=1)]"], ["[c()]"]]
     assert process_accuracy(["[a()]", "junk", "[b( x = 1 )]"], stones) == 1.0
     assert process_accuracy(["[b(x=1)]", "[a()]"], stones) == 0.5
+
+
+def test_recipe_check_names_an_unknown_suite_option():
+    from spade_async.errors import ConfigError
+    from spade_async.eval.inloop import check
+    from spade_async.eval.types import EvalConfig
+
+    check(EvalConfig(suites=["acebench_agent"], data={"acebench_agent.user_url": "http://h/v1"}))
+    with pytest.raises(ConfigError, match="unknown option acebench_agent.user_uri"):
+        check(EvalConfig(suites=["acebench_agent"], data={"acebench_agent.user_uri": "http://h/v1"}))

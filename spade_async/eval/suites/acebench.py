@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from spade_async.envs.pool import EnvError
@@ -89,6 +90,7 @@ class ACEBenchAgent(Suite):
         self.notes: list[str] = []
         self._checkout: Checkout | None = None
         self._source: str | None = None
+        self._slots: anyio.CapacityLimiter | None = None
 
     def configure(self, options: dict[str, str]) -> None:
         unknown = sorted(set(options) - set(OPTIONS))
@@ -162,6 +164,13 @@ class ACEBenchAgent(Suite):
         return items
 
     async def play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
+        if self._slots is None:  # an episode holds a worker for its whole dialogue: never
+            cfg = getattr(ctx.pool, "config", None)  # wait on the pool's 'busy' timeout
+            self._slots = anyio.CapacityLimiter(max(1, cfg.max_workers - cfg.prewarm) if cfg else 4)
+        async with self._slots:
+            return await self._play(item, k, sampling, ctx)
+
+    async def _play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
         co = self._checkout or find_checkout(self.path)
         self._checkout = co
         if self._source is None:
