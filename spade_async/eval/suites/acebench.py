@@ -264,7 +264,8 @@ class ACEBenchAgent(Suite):
             to, calls = "agent", None
             for index in range(MAX_DIALOG):
                 if to == "user":
-                    chat.append({"role": "user", "content": dialog.last_reply})
+                    said = dialog.last_reply.removeprefix("agent:").removeprefix("user:")
+                    chat.append({"role": "user", "content": said})  # ACEBench drops the prefix
                     text = await sim.reply(client, chat)
                     chat.append({"role": "assistant", "content": text})
                     dialog.add("user", "user", text)

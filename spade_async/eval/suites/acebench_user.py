@@ -4,7 +4,9 @@ ACEBench plays the user with gpt-4o at temperature 0.001, top_p 1, 1,000 tokens;
 model are the user's (``--user-sim URL --user-sim-model NAME``; an API key, when the endpoint
 needs one, from the environment variable named by ``acebench_agent.user_key_env``). A call
 is retried twice (0.5 s, 1 s); then ``SimulatorError`` ends that episode with score 0 and the
-reason in the sample's ``error``.
+reason in the sample's ``error``. The simulator's own lines go back to it as ``assistant``
+turns and the agent's as ``user`` turns (ACEBench sends its own lines back as ``system``
+turns, which OpenAI-compatible servers treat as instructions).
 """
 
 from __future__ import annotations
