@@ -193,6 +193,7 @@ class ACEBenchAgent(Suite):
             inst = await ctx.pool.open(self._source, env_id=env_id, kwargs={"entry": entry},
                                        env_class="AceEpisodeEnv")  # fmt: skip
         except EnvError as exc:
+            await ctx.pool.release(env_id)
             return self._sample(item, k, dialog, 0.0, f"sandbox: {exc}", ctx)
         try:
             await ctx.pool.reset(inst, seed=0)
