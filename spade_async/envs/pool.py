@@ -110,12 +110,16 @@ class EnvPool:
     async def __aexit__(self, *exc: object) -> None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
+        await self._sweep()
+        await self._tg.__aexit__(None, None, None)
+        await self._sweep()  # a prewarm boot that finished during the first sweep
+
+    async def _sweep(self) -> None:
         with anyio.CancelScope(shield=True):
             for w in [*self._idle, *self._by_env.values()]:
                 await w.kill("pool closed")
             self._idle.clear()
             self._by_env.clear()
-        await self._tg.__aexit__(None, None, None)
 
     def detached_worker(self) -> WorkerProcess:
         """A worker configured like the pool's but not managed by it (benchmarks, tests):

@@ -1,7 +1,8 @@
 """Held-out evaluation: suites (loader, prompt, extractor, scorer), metrics, ``spade eval``.
 
     suites/    one module per family: math (AIME), code (HumanEval, LiveCodeBench), rg
-               (reasoning-gym), bfcl (BFCL-v4 multi-turn), files (GPQA, ACEBench)
+               (reasoning-gym), bfcl (BFCL-v4 multi-turn), files (GPQA), acebench
+               (ACEBench-Agent, from the user's checkout, with a user simulator)
     runner     plays every (item, sample) concurrently through a ``Generator``
     checker    spawn worker processes for trusted library checkers (math-verify,
                reasoning-gym) with a wall-clock timeout per call

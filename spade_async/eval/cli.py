@@ -4,6 +4,7 @@ spade eval MODEL_OR_RUN_DIR --suites aime25,humaneval --n 4 --limit 30 --out DIR
 spade eval MODEL --base-url http://127.0.0.1:30000 --suites rg_logic --out DIR
 spade eval --responses DIR/aime25.jsonl --suites aime25 --out DIR2
 spade eval --compare A/results.json B/results.json
+spade eval MODEL --suites acebench_agent --data acebench_agent=ACEBench --user-sim URL
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="torch threads of the CPU engine (0 = torch default; 1 on a busy machine)")  # fmt: skip
     p.add_argument("--data", action="append", default=[], metavar="SUITE=PATH",
                    help="data for gpqa_diamond, livecodebench, acebench_agent")  # fmt: skip
+    p.add_argument("--user-sim", metavar="URL",
+                   help="acebench_agent's multi_turn user: an OpenAI-compatible chat endpoint")  # fmt: skip
+    p.add_argument("--user-sim-model", metavar="NAME", help="the user simulator's model (gpt-4o)")
     p.add_argument("--responses", help="re-score a saved <suite>.jsonl without generating")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two results.json files")
     p.add_argument("--json", action="store_true", help="print results as one JSON line last")
@@ -51,7 +55,7 @@ def _data(pairs: list[str]) -> dict[str, str]:
         name, sep, path = pair.partition("=")
         if not sep or not path:
             raise UsageError(f"--data '{pair}': use SUITE=PATH, e.g. gpqa_diamond=gpqa.csv")
-        make_suite(name)  # unknown names suggest the closest
+        make_suite(name.split(".", 1)[0])  # unknown names suggest the closest; SUITE.OPTION
         out[name] = path
     return out
 
@@ -72,6 +76,9 @@ def main(argv: list[str]) -> int:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     data = _data(args.data)
+    for flag, option in (("user_sim", "user_url"), ("user_sim_model", "user_model")):
+        if getattr(args, flag):
+            data[f"acebench_agent.{option}"] = getattr(args, flag)
     if args.responses:
         from spade_async.eval.rescore import rescore
 

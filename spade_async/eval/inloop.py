@@ -37,7 +37,7 @@ def check(cfg: EvalConfig) -> None:
 
     for name in [*cfg.suites, *cfg.overrides]:
         try:
-            suite = make_suite(name)
+            suite = make_suite(name, dict(cfg.data))  # also checks SUITE.OPTION keys
         except Exception as exc:  # SpadeError with the suggestion
             raise ConfigError(f"eval.suites: {exc}") from None
         try:

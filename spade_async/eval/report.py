@@ -27,7 +27,11 @@ def print_table(res: Results) -> None:
     for name, r in res.suites.items():
         for metric, value in r.metrics.items():
             t.add_row(name, metric, f"{value:.4f}", str(r.n_problems), str(r.samples))
-    Console(file=sys.stderr if not sys.stdout.isatty() else sys.stdout).print(t)
+    console = Console(file=sys.stderr if not sys.stdout.isatty() else sys.stdout)
+    console.print(t)
+    for name, r in res.suites.items():  # what a suite skipped or approximated, one line each
+        for note in r.notes:
+            console.print(f"{name}: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def load_results(path: Path) -> Results:

@@ -20,7 +20,6 @@ import msgspec
 
 from spade_async.envs.pool import EnvPool, PoolConfig
 from spade_async.eval.checker import Checker
-from spade_async.eval.metrics import suite_metrics
 from spade_async.eval.suites import Context, Generator, Suite, make_suite
 from spade_async.eval.types import Item, Results, Sample, Sampling, SuiteResult
 from spade_async.rundir import write_atomic
@@ -51,7 +50,7 @@ def summarize(suite: Suite, samples: list[Sample], settings: Sampling, model: st
               policy_version: int | None) -> SuiteResult:  # fmt: skip
     k = settings.n
     return SuiteResult(
-        suite=suite.name, metrics=suite_metrics(samples, k=k, majority=suite.majority),
+        suite=suite.name, metrics=suite.metrics(samples, k),
         n_problems=len({s.id for s in samples}), samples=len(samples), k=k, settings=settings,
         model=model, policy_version=policy_version, notes=list(getattr(suite, "notes", [])),
     )  # fmt: skip

@@ -79,7 +79,8 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     before_train: Doc(bool, "also evaluate the initial policy (version 0)") = False
     concurrency: Doc(int, "most evaluation requests in flight at once") = 16
     data: Doc(
-        dict[str, str], "data paths of user-file suites, e.g. {gpqa_diamond = 'gpqa.csv'}"
+        dict[str, str],
+        "data paths of user-file suites and SUITE.OPTION keys, e.g. {gpqa_diamond = 'gpqa.csv'}",
     ) = {}
     overrides: Doc(
         dict[str, dict[str, float]],

