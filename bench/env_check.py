@@ -71,9 +71,8 @@ def main() -> None:
     ap.add_argument("--file", default=str(ROOT / "spade_async/envs/examples/mastermind.py"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    from _hw import machine
-
     import anyio
+    from _hw import machine
 
     runs = 3 if args.quick else args.runs
     walls, gates, isolation = _cli(args.file, runs)

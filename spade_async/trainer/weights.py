@@ -66,7 +66,6 @@ __all__ = [
 ]
 
 
-
 class WeightPushError(SpadeError):
     """An engine refused the weights or reports another version than the trainer's."""
 

@@ -4,6 +4,7 @@ reference of the same tiny model."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_ragged_plan_ranges():
     assert plan_ranges([0, 80, 80], 100) == [(0, 1, 0), (1, 3, 80)]
     many = plan_ranges([0, 50, 75, 88, 94, 97, 99], 100)
     assert len(many) <= MAX_RANGES and many[0][:2] == (0, 1) and many[-1][1] == 7
-    assert all(a[1] == b[0] for a, b in zip(many, many[1:]))  # contiguous cover
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(many))  # contiguous cover
 
 
 def test_ragged_decode_attention_equals_sdpa(tiny_model):
