@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from spade_async.generation import ragged
+from spade_async.generation import packed, ragged
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.protocol import FinishReason, SamplingParams
 from spade_async.generation.sampling import sample_tokens
@@ -84,6 +84,7 @@ class Engine:
     ) -> None:
         self.model = model
         ragged.enable(model)
+        packed.pack(model)
         self.tokenizer = tokenizer
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
@@ -163,6 +164,7 @@ class Engine:
                     "or waiting): pause_generation(mode='abort') or let them finish first"
                 )
             if "weights" in chosen and "weights" not in self.released:
+                packed.unpack(self.model)
                 for name, p in self.model.named_parameters():
                     self._shapes[name] = (p.shape, p.dtype)
                     p.data = torch.empty(0, dtype=p.dtype)
@@ -252,6 +254,7 @@ class Engine:
                 seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
         ragged.enable(self.model)
+        packed.pack(self.model)
         with self._cond:
             self.released.discard("weights")  # a new model brings its own weights
             self._shapes.clear()

@@ -16,7 +16,7 @@ from spade_async.generation.protocol import SamplingParams
 from spade_async.models import load_causal_lm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numerics import EPS32, logit_bound  # noqa: E402
+from numerics import EPS32, logit_bound, reduction_bound  # noqa: E402
 
 SHORT, LONG, MID = [1, 9690, 198, 67, 2], list(range(100, 131)), list(range(300, 317))
 
@@ -135,3 +135,27 @@ def test_ragged_decode_attention_equals_sdpa(tiny_model):
     bound = logit_bound(torch.finfo(torch.float64).eps, float(plain.abs().max()),
                         *(layer * cfg.num_hidden_layers), cfg.hidden_size)  # fmt: skip
     assert 0 < float((step - plain).abs().max()) <= bound or torch.equal(step, plain)
+
+
+def test_packed_linear_is_used_only_while_its_weight_is_current(tiny_model):
+    from torch import nn
+
+    from spade_async.generation import packed
+
+    model, tok = load_causal_lm(str(tiny_model))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    engine = Engine(model.eval(), tok)  # packs on start
+    assert packed.packed_layers(engine.model) == len(linears) > 0
+    layer = linears[0]
+    x = torch.randn(3, 5, layer.in_features, generator=torch.Generator().manual_seed(0))
+    want = torch.nn.functional.linear(x.double(), layer.weight.double())
+    # float32 rounding of K-term dot products, element-wise: reduction_bound(K) * sum |x_i w_i|
+    size = x.double().abs() @ layer.weight.detach().double().abs().T
+    bound = reduction_bound(layer.in_features) * size + EPS32 * want.abs()
+    with torch.no_grad():
+        assert bool(((layer(x) - want).abs() <= bound).all())
+        layer.weight.mul_(2.0)  # an in-place update: the pack is stale, the layer must not use it
+        assert packed.packed_layers(engine.model) == len(linears) - 1
+        assert bool(((layer(x) - 2 * want).abs() <= 2 * bound).all())
+    engine.release_memory(["weights"])
+    assert packed.packed_layers(engine.model) == 0
