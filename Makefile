@@ -37,7 +37,7 @@ demo-learning: $(STAMP)  # the designer learns: configs/cpu-learning.toml, minut
 
 # Numerics tests again with ATen's portable kernels: tolerances must hold on any x86-64 CPU.
 NUMERICS := tests/kernels tests/unit/test_trainer_packing.py tests/unit/test_trainer_step.py \
-	tests/integration/test_trainer_rpc.py
+	tests/integration/test_trainer_rpc.py tests/unit/test_generation_prefill.py tests/unit/test_generation_sampling.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
