@@ -95,7 +95,10 @@ def test_hostile_completions_are_contained_and_score_zero(tmp_path):
             return out
 
     scores = anyio.run(main)
-    assert {k: v[1] for k, v in scores.items()} == dict.fromkeys(HOSTILE, 0.0) | {"gold": 1.0, "whole_function": 1.0}
+    assert {k: v[1] for k, v in scores.items()} == dict.fromkeys(HOSTILE, 0.0) | {
+        "gold": 1.0,
+        "whole_function": 1.0,
+    }
     assert not marker.exists()
 
 
@@ -171,3 +174,25 @@ def test_livecodebench_stdin_and_functional_tests(tmp_path):
     assert anyio.run(main) == [1.0, 1.0, 0.0, 0.0]
     with pytest.raises(SpadeError, match="test2.jsonl"):
         make_suite("livecodebench", {"livecodebench": f"{tmp_path}#release_v2"}).load(0)
+
+
+def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():
+    """6 episodes, a pool of 3 workers that gives up on a slot after 1 s, a slow engine: the
+    episodes queue for workers instead of failing as 'busy' (which would score them 0)."""
+    from spade_async.envs.pool import PoolConfig
+
+    class Slow(Scripted):
+        async def __call__(self, messages, sampling, *, item=None) -> str:
+            await anyio.sleep(0.4)
+            return await super().__call__(messages, sampling, item=item)
+
+    config = PoolConfig(max_workers=3, prewarm=1, call_timeout_s=10.0, open_timeout_s=30.0,
+                        capacity_wait_s=1.0)  # fmt: skip
+
+    async def main():
+        async with EnvPool(config) as pool:
+            return await evaluate(["bfcl_v4_multi_turn"], Slow(gold_reply), out=None, model="gold",
+                                  n=1, limit=6, pool=pool, concurrency=32)  # fmt: skip
+
+    res = anyio.run(main).suites["bfcl_v4_multi_turn"]
+    assert res.samples == 6 and res.metrics["avg@1"] == 1.0, res.metrics

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 
 from spade_async.envs.pool import EnvError
@@ -90,7 +89,6 @@ class ACEBenchAgent(Suite):
         self.notes: list[str] = []
         self._checkout: Checkout | None = None
         self._source: str | None = None
-        self._slots: anyio.CapacityLimiter | None = None
 
     def configure(self, options: dict[str, str]) -> None:
         unknown = sorted(set(options) - set(OPTIONS))
@@ -164,10 +162,7 @@ class ACEBenchAgent(Suite):
         return items
 
     async def play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
-        if self._slots is None:  # an episode holds a worker for its whole dialogue: never
-            cfg = getattr(ctx.pool, "config", None)  # wait on the pool's 'busy' timeout
-            self._slots = anyio.CapacityLimiter(max(1, cfg.max_workers - cfg.prewarm) if cfg else 4)
-        async with self._slots:
+        async with ctx.episode_slots:  # a worker is held for the whole dialogue (base.Context)
             return await self._play(item, k, sampling, ctx)
 
     async def _play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:

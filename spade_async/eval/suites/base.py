@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import anyio
+
 from spade_async.errors import SpadeError
 from spade_async.eval.metrics import suite_metrics
 from spade_async.eval.types import Item, Sample, Sampling
@@ -25,6 +27,13 @@ class Context:
     def __init__(self, generate: Generator, checker: Any, pool: Any, policy_version: int | None):
         self.generate, self.checker, self.pool = generate, checker, pool
         self.policy_version = policy_version
+        # an episode (BFCL, ACEBench) holds a pool worker for its whole dialogue: episodes of
+        # every suite in flight are bounded by the pool, so none waits into the pool's 'busy'
+        # timeout (which would score it 0); the prewarmed workers stay free for code checks
+        cfg = getattr(pool, "config", None)
+        self.episode_slots = anyio.CapacityLimiter(
+            max(1, cfg.max_workers - cfg.prewarm) if cfg is not None else 4
+        )
 
 
 def render_prompt_text(messages: list[dict[str, Any]]) -> str:

@@ -136,6 +136,10 @@ class BFCLMultiTurn(Suite):
         ]  # fmt: skip
 
     async def play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
+        async with ctx.episode_slots:  # a worker is held for the whole episode (base.Context)
+            return await self._play(item, k, sampling, ctx)
+
+    async def _play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
         if self._source is None:
             self._source = episode_source()
         meta = item.meta
