@@ -1,14 +1,25 @@
-"""reasoning-gym (offline, PyPI ``reasoning-gym``) in the reference's four buckets.
+"""reasoning-gym (offline, PyPI ``reasoning-gym``) at the A.3 hard split, in four buckets.
 
-The reference evaluates the 100 tasks of the RG paper's App. A.3 split, 8 episodes per task
-(seed 42, reset seeds 0-7), temperature 0.6, top_p 0.8, top_k 20, 8,192 tokens, and pools
-wins (reward >= 1.0) per bucket: Math 31, Algorithmic 36, Cognition 24, Logic 9 tasks. Its
-"hard" parameters live in a file the reference does not publish here, so this suite uses
-reasoning-gym's default task configs (noted in every result). A task whose generator fails
-on this machine is skipped and named in the result's notes.
+As the reference evaluates it (facts and sources in ``rg_hard``): the 100 tasks of the RG
+paper's App. A.3 split at their "hard" parameters, each a dataset of 500 problems made
+with seed 42, 8 episodes per task (reset seeds 0-7 pick the problems), temperature 0.6,
+top_p 0.8, top_k 20, min_p 0, 8,192 tokens; one user message in the reference's words; a
+win is reward >= 1.0, and the bucket's score is wins over all its episodes (Math 31,
+Algorithmic 36, Cognition 24, Logic 9 tasks; with one sample per problem, avg@1 is that
+pooled win rate). Notes in the result name only what could not be made here: a hard
+parameter the installed reasoning-gym lacks, a task or problem whose generator fails or
+overruns, a problem whose own reference answer does not win.
 
 Scoring is reasoning-gym's own ``score_answer`` on the last ``<answer>`` (``\\boxed{}`` as
-fallback), run in a checker process with a timeout (``spade_async.eval.checker``).
+fallback), run in a checker process with a timeout (``spade_async.eval.checker``), not as
+an episode in the environment sandbox: the sandbox's workers (``spade_async.envs``) run
+environment code with the standard library only. Under bubblewrap a worker sees /usr, the
+base Python installation and the worker's own files, and starts as ``python -I -S``, so
+the virtual environment's site-packages, where reasoning-gym and its dependencies (sympy,
+numpy, pycosat, ...) live, is neither mounted nor on its path; ``import reasoning_gym``
+fails there. Binding site-packages into every worker would widen what generated
+environments can reach, and is a sandbox decision, not this suite's. The checker process
+runs only trusted library code (reasoning-gym parsing and comparing the answer string).
 """
 
 from __future__ import annotations
@@ -20,34 +31,10 @@ from spade_async.errors import SpadeError
 from spade_async.eval.checker import CheckTimeout, rg_score
 from spade_async.eval.extract import last_answer_tag
 from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.rg_hard import BUCKETS, DATASET_SIZE, EPISODES, SEED, user_prompt
 from spade_async.eval.types import Item, Sampling
 
 __all__ = ["BUCKETS", "ReasoningGym"]
-
-BUCKETS: dict[str, list[str]] = {
-    "math": """complex_arithmetic intermediate_integration polynomial_equations
-        polynomial_multiplication simple_equations simple_integration basic_arithmetic
-        bitwise_arithmetic calendar_arithmetic chain_sum count_bits decimal_arithmetic
-        decimal_chain_sum dice fraction_simplification gcd gsm_symbolic lcm leg_counting
-        number_format power_function prime_factorization products time_intervals
-        advanced_geometry simple_geometry course_schedule family_relationships largest_island
-        quantum_lock shortest_path""".split(),
-    "algorithmic": """ab base_conversion binary_alternation binary_matrix caesar_cipher
-        count_primes cryptarithm game_of_life game_of_life_halting graph_color group_anagrams
-        isomorphic_strings jugs letter_counting letter_jumble manipulate_matrix number_filtering
-        number_sorting palindrome_generation palindrome_partitioning pool_matrix ransom_note
-        rotate_matrix rotten_oranges sentence_reordering spell_backward spiral_matrix
-        string_insertion string_manipulation string_splitting string_synthesis word_ladder
-        word_sequence_reversal word_sorting bf codeio""".split(),
-    "cognition": """arc_1d arc_agi rearc color_cube_rotation figlet_font modulo_grid
-        needle_haystack number_sequence rectangle_count rubiks_cube countdown emoji_mystery
-        futoshiki knight_swap mahjong_puzzle maze mini_sudoku n_queens puzzle24 rush_hour
-        sokoban sudoku tower_of_hanoi tsumego""".split(),
-    "logic": """acre list_functions aiw circuit_logic knights_knaves propositional_logic
-        self_reference syllogism zebra_puzzles""".split(),
-}
-EPISODES = 8
-SEED = 42
 
 
 def _gold(entry: dict) -> str:
@@ -63,13 +50,13 @@ def _gold(entry: dict) -> str:
 
 
 class ReasoningGym(Suite):
-    sampling = Sampling(n=1, temperature=0.6, top_p=0.8, top_k=20, max_tokens=8192)
+    sampling = Sampling(n=1, temperature=0.6, top_p=0.8, top_k=20, min_p=0.0, max_tokens=8192)
     majority = False  # free-form answers: equal strings are not the only right ones
 
     def __init__(self, bucket: str) -> None:
         self.bucket = bucket
         self.name = f"rg_{bucket}"
-        self.notes: list[str] = ["reasoning-gym default task configs (not the A.3 hard split)"]
+        self.notes: list[str] = []
 
     def load(self, limit: int) -> list[Item]:
         if importlib.util.find_spec("reasoning_gym") is None:
@@ -79,14 +66,15 @@ class ReasoningGym(Suite):
             )
         from spade_async.eval.suites.rg_gen import generate
 
-        rows, notes, system = generate(BUCKETS[self.bucket], EPISODES, SEED, limit)
-        self.notes += notes
+        rows, notes, params = generate(BUCKETS[self.bucket], EPISODES, SEED, limit)
+        self.notes = list(notes)
         return [
             Item(
-                id=f"{r['task']}/{r['index']}",
-                messages=[{"role": "system", "content": system},
-                          {"role": "user", "content": r["entry"]["question"]}],
-                answer=_gold(r["entry"]), meta={"task": r["task"], "entry": r["entry"]},
+                id=f"{r['task']}/{r['episode']}",
+                messages=[{"role": "user", "content": user_prompt(r["entry"]["question"])}],
+                answer=_gold(r["entry"]),
+                meta={"task": r["task"], "index": r["index"], "params": params[r["task"]],
+                      "entry": r["entry"]},
             )
             for r in rows
         ]  # fmt: skip
@@ -95,9 +83,10 @@ class ReasoningGym(Suite):
         answer = last_answer_tag(completion)
         if answer is None:
             return None, 0.0
+        meta = item.meta
         try:
             reward = await ctx.checker.call(
-                rg_score, item.meta["task"], SEED, EPISODES, item.meta["entry"], answer
+                rg_score, meta["task"], SEED, DATASET_SIZE, meta["params"], meta["entry"], answer
             )
         except CheckTimeout:
             reward = 0.0
