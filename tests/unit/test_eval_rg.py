@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 
 from spade_async.eval.runner import evaluate
 from spade_async.eval.suites import make_suite
@@ -118,3 +119,35 @@ def test_prompt_is_one_user_message_in_the_references_words():
     text = item.messages[0]["content"]
     assert text.startswith("Given a problem, your task is to answer the question")
     assert "<answer>answer here</answer>" in text and "\\boxed{}" in text
+
+
+_PROBE = """
+class RgProbeEnv:
+    def __init__(self, max_turns=1, **kw):
+        try:
+            import reasoning_gym  # noqa: F401
+            self.msg = "imported"
+        except ImportError as exc:
+            self.msg = type(exc).__name__
+    def reset(self, seed=None):
+        return self.msg, {}
+    def step(self, action):
+        return "", 0.0, True, False, {}
+"""
+
+
+def test_reasoning_gym_is_out_of_reach_of_a_bubblewrap_worker():
+    """Why rg scores in a checker process (rg.py docstring): if the sandbox ever binds the
+    libraries, this fails and the suite can become an episode in the pool."""
+    from spade_async.envs import sandbox
+    from spade_async.envs.pool import EnvPool, PoolConfig
+
+    if sandbox.probe_all()["bwrap"] is not None:
+        pytest.skip("bubblewrap does not work on this machine")
+
+    async def main():
+        async with EnvPool(PoolConfig(isolation="bwrap", prewarm=0, max_workers=1)) as pool:
+            inst = await pool.open(_PROBE)
+            return (await pool.reset(inst, seed=0))[0]
+
+    assert anyio.run(main) == "ModuleNotFoundError"

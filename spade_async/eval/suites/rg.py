@@ -11,15 +11,21 @@ parameter the installed reasoning-gym lacks, a task or problem whose generator f
 overruns, a problem whose own reference answer does not win.
 
 Scoring is reasoning-gym's own ``score_answer`` on the last ``<answer>`` (``\\boxed{}`` as
-fallback), run in a checker process with a timeout (``spade_async.eval.checker``), not as
-an episode in the environment sandbox: the sandbox's workers (``spade_async.envs``) run
-environment code with the standard library only. Under bubblewrap a worker sees /usr, the
-base Python installation and the worker's own files, and starts as ``python -I -S``, so
-the virtual environment's site-packages, where reasoning-gym and its dependencies (sympy,
-numpy, pycosat, ...) live, is neither mounted nor on its path; ``import reasoning_gym``
-fails there. Binding site-packages into every worker would widen what generated
-environments can reach, and is a sandbox decision, not this suite's. The checker process
-runs only trusted library code (reasoning-gym parsing and comparing the answer string).
+fallback), run in a checker process with a timeout (``spade_async.eval.checker``), not as an
+episode in the environment sandbox, because reasoning-gym cannot be imported there at the
+isolation level the pool picks wherever bubblewrap works. Environment code is standard
+library only (ENV_CONTRACT.md): a bubblewrap worker sees /usr, the base Python installation
+and its own files at /opt/spade, and starts as ``python -I -S``, so the virtual
+environment's site-packages (reasoning-gym and its dependencies: sympy, numpy, pycosat,
+...) is neither mounted nor on ``sys.path``; an environment that imports reasoning_gym gets
+``ModuleNotFoundError`` there (sys.path = /opt/spade + the base library only). At the
+weaker ``unshare`` and ``rlimit`` levels the worker is the venv's interpreter and the same
+environment imports it and scores in under a second, so an RG episode could only run where
+isolation is weakest. Making it an episode everywhere needs the sandbox to bind a trusted
+package set read-only into the workers that ask for it (a PoolConfig option, the worker
+extending ``sys.path``): a decision about what sandboxed code may reach, left to the
+sandbox's owners. The checker process runs trusted library code only (reasoning-gym parsing
+and comparing the answer string); nothing model-written is executed.
 """
 
 from __future__ import annotations
