@@ -151,3 +151,24 @@ def test_reasoning_gym_is_out_of_reach_of_a_bubblewrap_worker():
             return (await pool.reset(inst, seed=0))[0]
 
     assert anyio.run(main) == "ModuleNotFoundError"
+
+
+def test_gold_answers_win_episode_zero_of_every_hard_task_but_three():
+    """All 100 tasks, episode 0, scored as the suite scores: only ``rush_hour`` and
+    ``rubiks_cube`` (no reference solution ships: reasoning-gym solves 3x3 cubes only, the
+    hard cube is 5x5) and ``jugs`` (hard episode 0 is "No solution") do not win."""
+    from spade_async.eval.checker import Checker, rg_score
+    from spade_async.eval.suites.rg import _gold
+
+    rows, notes, params = generate(sorted(HARD), 1, 42, 0)
+    assert len(rows) == 100 and len(notes) == 1 and "jugs" in notes[0]
+    with Checker(workers=2) as checker:
+        lost = {
+            r["task"]
+            for r in rows
+            if checker.call_sync(
+                rg_score, r["task"], 42, 500, params[r["task"]], r["entry"], _gold(r["entry"])
+            )
+            < 1.0
+        }
+    assert lost == {"rush_hour", "rubiks_cube", "jugs"}
