@@ -153,10 +153,10 @@ def test_reasoning_gym_is_out_of_reach_of_a_bubblewrap_worker():
     assert anyio.run(main) == "ModuleNotFoundError"
 
 
-def test_gold_answers_win_episode_zero_of_every_hard_task_but_three():
-    """All 100 tasks, episode 0, scored as the suite scores: only ``rush_hour`` and
-    ``rubiks_cube`` (no reference solution ships: reasoning-gym solves 3x3 cubes only, the
-    hard cube is 5x5) and ``jugs`` (hard episode 0 is "No solution") do not win."""
+def test_gold_answers_win_episode_zero_of_every_hard_task_but_two():
+    """All 100 tasks, episode 0, scored as the suite scores: only ``rush_hour`` (no
+    reference solution ships) and ``jugs`` (hard episode 0 is "No solution") do not win;
+    the 5x5 ``rubiks_cube`` wins by undoing its scramble."""
     from spade_async.eval.checker import Checker, rg_score
     from spade_async.eval.suites.rg import _gold
 
@@ -171,4 +171,19 @@ def test_gold_answers_win_episode_zero_of_every_hard_task_but_three():
             )
             < 1.0
         }
-    assert lost == {"rush_hour", "rubiks_cube", "jugs"}
+    assert lost == {"rush_hour", "jugs"}
+
+
+def test_undoing_the_scramble_solves_every_hard_rubiks_cube_episode():
+    from spade_async.eval.checker import rg_score
+    from spade_async.eval.suites.rg import _gold
+
+    rows, _, params = generate(["rubiks_cube"], 8, 42, 0)
+    scramble = rows[0]["entry"]["metadata"]["scramble_moves"]
+    assert any(m[0] == "2" for m in scramble.split())  # slice moves its scorer cannot read
+    assert all(
+        rg_score("rubiks_cube", 42, 500, params["rubiks_cube"], r["entry"], _gold(r["entry"]))
+        == 1.0
+        for r in rows
+    )
+    assert rg_score("rubiks_cube", 42, 500, params["rubiks_cube"], rows[0]["entry"], "R U") < 1.0

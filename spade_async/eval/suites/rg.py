@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 from spade_async.errors import SpadeError
 from spade_async.eval.checker import CheckTimeout, rg_score
@@ -43,15 +44,41 @@ from spade_async.eval.types import Item, Sampling
 __all__ = ["BUCKETS", "ReasoningGym"]
 
 
+_MOVE = re.compile(r"(\d*)([A-Z])(w?)('?)")
+
+
+def _undo_scramble(scramble: str) -> str:
+    """Moves that undo a rubiks_cube scramble, in the notation its scorer reads: it drops
+    layer-prefixed moves, so slice ``2R`` is written ``Rw R'`` and ``1Rw`` is ``R``."""
+    out: list[str] = []
+    for move in reversed(scramble.split()):
+        m = _MOVE.fullmatch(move)
+        if m is None:
+            return ""
+        layer, face, wide, prime = m.groups()
+        undo, redo = ("", "'") if prime else ("'", "")
+        if layer == "1" or (not layer and not wide):
+            out.append(face + undo)
+        elif wide and layer in ("", "2"):
+            out.append(f"{face}w{undo}")
+        elif layer == "2":
+            out += [f"{face}w{undo}", face + redo]
+        else:
+            return ""
+    return " ".join(out)
+
+
 def _gold(entry: dict) -> str:
     """The reference answer; tasks with many right answers carry one as ``example_answer``."""
     if entry.get("answer") is not None:
         return str(entry["answer"])
     meta = entry.get("metadata", {})
     for key in ("example_answer", "example_correct_answer", "possible_answer"):
-        if key in meta:
+        if meta.get(key) not in (None, ""):
             value = meta[key]
             return json.dumps(value) if isinstance(value, dict) else str(value)
+    if meta.get("scramble_moves"):  # rubiks_cube solves only 3x3 itself; the hard cube is 5x5
+        return _undo_scramble(meta["scramble_moves"])
     return ""  # rush_hour: no reference solution ships with the entry
 
 
