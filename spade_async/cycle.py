@@ -368,10 +368,14 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
 
 async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
     """``rt.push``; a trainer that dies in it is restarted. Returns the push's time and how
-    long generation was paused for it."""
+    long generation was paused for it.
+
+    A trainer that dies mid-push has trained this batch, but its version reached neither the
+    engines nor a checkpoint (checkpoints follow the push): the batch is lost and counted."""
     try:
         pushed = await rt.push(pause=pause)
     except TrainerDied as exc:
+        rt.meters.count("train/lost_batches")
         await rt.restart_trainer(str(exc), pause=pause)
         return {}
     return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
