@@ -175,9 +175,9 @@ def test_dead_trainer_is_restarted_from_the_checkpoint(tiny_model, tmp_path):
     last = steps[-1]
     assert last["step"] == 4 and last["trainer/restarts"] == 1
     # every step trains once except a lost batch; versions since the checkpoint are redone.
-    # How much is lost depends on where the kill lands (between steps: the versions since the
-    # checkpoint; mid-step or mid-push: the batch as well), but the versions always account
-    # for it. tests/unit/test_trainer_restart_accounting.py pins each landing point.
+    # How much is lost depends on where the kill lands (mid-checkpoint: the versions since the
+    # previous one; anywhere else: the batch in hand as well), but the versions always
+    # account for it. tests/unit/test_trainer_restart_accounting.py pins each landing point.
     lost = last.get("train/lost_batches", 0) + last.get("trainer/lost_versions", 0)
     assert last["version"] == 4 - lost, (last["version"], lost)
     assert not _gone(run_dir, tiny_model), "children outlived the run"
