@@ -36,6 +36,8 @@ def test_spade_eval_small_end_to_end(tmp_path):
 def test_spade_eval_issue_command(tmp_path):
     """The issue's command, in the default suite (about 40 s here), replies capped at 128
     tokens: at the suites' own limits one rambling reply decodes for minutes."""
-    res, _ = _spade_eval(tmp_path, "aime25,humaneval,rg_logic,bfcl_v4_multi_turn", limit=2, max_tokens=128)
+    res, _ = _spade_eval(
+        tmp_path, "aime25,humaneval,rg_logic,bfcl_v4_multi_turn", limit=2, max_tokens=128
+    )
     assert set(res["suites"]) == {"aime25", "humaneval", "rg_logic", "bfcl_v4_multi_turn"}
     assert all(s["samples"] == 2 for s in res["suites"].values())
