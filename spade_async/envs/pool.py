@@ -29,6 +29,7 @@ import msgspec
 from spade_async.config import Doc
 from spade_async.envs import protocol as P
 from spade_async.envs import sandbox
+from spade_async.envs.packages import package_binds
 from spade_async.envs.process import EnvError, WorkerProcess
 
 __all__ = ["EnvPool", "PoolConfig", "EnvError", "Instance"]
@@ -57,6 +58,12 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_obs_chars: Doc(int, "largest observation (and solution) in characters") = 1_000_000
     max_info_bytes: Doc(int, "largest info dict (and tool list), msgpack-encoded bytes") = 262_144
     sink_chars: Doc(int, "characters of environment stdout/stderr kept in the worker") = 4096
+    packages: Doc(
+        tuple[str, ...],
+        "installed distributions (with their requirements) that environment code may import, "
+        "bound read-only into bubblewrap workers; empty = standard library only, as "
+        "ENV_CONTRACT.md requires of generated environments",
+    ) = ()
 
 
 @dataclass(eq=False)
@@ -82,6 +89,7 @@ class EnvPool:
             for k in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "shm_mb", "open_files", "nproc",
                       "deny_fork", "max_obs_chars", "max_info_bytes", "sink_chars")
         }  # fmt: skip
+        self._limits["packages"] = package_binds(tuple(self.config.packages))
         # a reply holds at most one observation + one info + framing
         self._max_frame = 4 * self.config.max_obs_chars + self.config.max_info_bytes + 4096
         self._ids = itertools.count(1)

@@ -5,7 +5,8 @@ Strongest available first:
 - ``bwrap``   bubblewrap: new user, network, mount, pid, ipc and uts namespaces; the
               filesystem is an empty root with only /usr (and its /lib, /bin links), the
               Python installation (``sys.base_prefix``) and the worker's own files at
-              /opt/spade bound read-only, a private size-capped tmpfs /tmp, /proc and /dev;
+              /opt/spade bound read-only (with the pool's ``packages``, if any, at
+              /opt/spade/site), a private size-capped tmpfs /tmp, /proc and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
               Everything writable is size-capped: the root and /dev are remounted
               read-only, /tmp (``tmp_mb``) and /dev/shm (``shm_mb``) are capped tmpfs, and
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import msgspec
 
+from spade_async.envs.packages import SITE
 from spade_async.errors import SpadeError
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,8 @@ def _root_links() -> list[str]:
     return args
 
 
-def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1) -> list[str]:
+def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1, packages: list | tuple = ()) -> list[str]:
+    """``packages``: ``(name, host path)`` pairs bound read-only at ``packages.SITE``."""
     bwrap = bwrap_binary()
     assert bwrap is not None
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_root_links()]
@@ -101,6 +104,8 @@ def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1) -> list[str]:
         if (HERE / name).exists():
             args += ["--ro-bind", str(HERE / name), f"{OPT}/{name}"]
     args += ["--ro-bind", str(Path(msgspec.__file__).resolve().parent), f"{OPT}/msgspec"]
+    for name, path in packages:
+        args += ["--ro-bind", path, f"{SITE}/{name}"]
     args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # uncapped tmpfs otherwise
     return [*args, "--chdir", "/tmp", "--clearenv"]
 
@@ -117,9 +122,11 @@ def _unshare_prefix() -> list[str]:
 
 
 def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:
-    lim = json.dumps(limits)
+    packages = limits.get("packages", ())
+    lim = json.dumps({**limits, "packages": [name for name, _ in packages]})  # no host paths
     if level == "bwrap":
-        return [*_bwrap_prefix(limits["tmp_mb"], limits["shm_mb"]), base_python(), "-I", "-S",
+        prefix = _bwrap_prefix(limits["tmp_mb"], limits["shm_mb"], packages)
+        return [*prefix, base_python(), "-I", "-S",
                 f"{OPT}/worker.py", str(rfd), str(wfd), lim]  # fmt: skip
     cmd = [sys.executable, "-I", str(HERE / "worker.py"), str(rfd), str(wfd), lim]
     return [*_unshare_prefix(), *cmd] if level == "unshare" else cmd

@@ -4,8 +4,8 @@ Started as ``python -I worker.py RFD WFD LIMITS_JSON`` by ``sandbox.py``. Inside
 this file sits at /opt/spade next to protocol.py, seccomp.py, tool_use.py and msgspec/;
 ``python -I`` adds neither PYTHONPATH nor the script dir, so we insert our own dir.
 
-Order at boot: imports -> stdout/stderr into a capped sink -> rlimits -> seccomp filter ->
-``Ready``. Only then is untrusted code executed (on the first ``Open``). Every request gets
+Order at boot: imports -> stdout/stderr into a capped sink -> the pool's trusted packages
+on ``sys.path`` (if any) -> rlimits -> seccomp filter -> ``Ready``. Only then is untrusted code executed (on the first ``Open``). Every request gets
 exactly one reply; failures the worker survives come back as ``Err(kind, message)``.
 """
 
@@ -65,6 +65,7 @@ if ToolUseBaseEnv is not None:
 
 
 SOURCE_NAME = "<environment>"
+SITE = "/opt/spade/site"  # packages.SITE: the pool's trusted packages under bubblewrap
 
 
 class CappedSink:
@@ -313,6 +314,12 @@ def main(argv: list[str]) -> None:
         os.chdir(workdir)
     os.environ.clear()
     os.environ["TMPDIR"] = workdir or "/tmp"
+    if limits.get("packages"):  # trusted libraries, bound read-only at SITE (packages.py)
+        sys.path.append(SITE)
+        # one BLAS/OpenMP thread: a pool of threads per worker multiplies its address space
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = "1"
+        os.environ.update(MPLBACKEND="Agg", MPLCONFIGDIR=os.environ["TMPDIR"])
     apply_limits(limits)
     filtered = seccomp.install(os.getpid()) if limits["deny_fork"] else False
     worker = Worker(rfd, wfd, limits)

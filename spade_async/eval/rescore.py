@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from spade_async.envs.pool import EnvPool
 from spade_async.errors import SpadeError
 from spade_async.eval.checker import Checker
 from spade_async.eval.report import load_samples
-from spade_async.eval.runner import EVAL_POOL, summarize, write_samples
+from spade_async.eval.runner import EVAL_POOL, open_package_pool, summarize, write_samples
 from spade_async.eval.suites import Context, make_suite
 from spade_async.eval.types import Results, Sampling
 from spade_async.rundir import write_atomic
@@ -38,8 +39,9 @@ async def rescore(path: Path, names: list[str], out: Path | None, data: dict[str
     if unknown:
         raise SpadeError(f"{path}: ids not in suite {suite.name}: {', '.join(unknown[:3])}")
     with Checker() as checker:
-        async with EnvPool(EVAL_POOL) as pool:
-            ctx = Context(_no_generation, checker, pool, None)
+        async with EnvPool(EVAL_POOL) as pool, contextlib.AsyncExitStack() as stack:
+            package_pool = await open_package_pool([suite], stack)
+            ctx = Context(_no_generation, checker, pool, None, package_pool=package_pool)
             for s in saved:
                 s.extracted, s.score = await suite.score(items[s.id], s.completion, ctx)
     k = max(1, max((sum(1 for x in saved if x.id == i) for i in {s.id for s in saved}), default=1))

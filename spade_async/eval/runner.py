@@ -24,10 +24,27 @@ from spade_async.eval.suites import Context, Generator, Suite, make_suite
 from spade_async.eval.types import Item, Results, Sample, Sampling, SuiteResult
 from spade_async.rundir import write_atomic
 
-__all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL"]
+__all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL",
+           "open_package_pool"]  # fmt: skip
 
 # one fresh worker per code sample / BFCL episode; the call timeout is the per-test timeout
 EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
+PACKAGE_WORKERS = 4  # long-lived workers that reasoning-gym episodes share
+
+
+async def open_package_pool(
+    suites: list[Suite], stack: contextlib.AsyncExitStack
+) -> EnvPool | None:
+    """A pool for the suites whose environments import installed packages (reasoning-gym),
+    or None. Apart from the pool of code and tool-use episodes, which stays standard library
+    only (and in-loop is training's own); its workers are long-lived, one per shard."""
+    packages = tuple(sorted({p for s in suites for p in s.packages}))
+    if not packages:
+        return None
+    cfg = msgspec.structs.replace(
+        EVAL_POOL, packages=packages, prewarm=0, max_workers=PACKAGE_WORKERS, memory_mb=2048
+    )
+    return await stack.enter_async_context(EnvPool(cfg))
 
 
 def settings_for(
@@ -112,7 +129,8 @@ async def evaluate(
             checker = stack.enter_context(Checker())
         if pool is None and any(s.needs_pool for s in suites):
             pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
-        ctx = Context(generate, checker, pool, policy_version)
+        ctx = Context(generate, checker, pool, policy_version,
+                      package_pool=await open_package_pool(suites, stack))  # fmt: skip
 
         async def run_suite(suite: Suite, items: list[Item]) -> None:
             extra = (overrides or {}).get(suite.name)

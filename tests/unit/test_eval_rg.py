@@ -122,68 +122,119 @@ def test_prompt_is_one_user_message_in_the_references_words():
 
 
 _PROBE = """
+import os, sys
+
 class RgProbeEnv:
     def __init__(self, max_turns=1, **kw):
-        try:
-            import reasoning_gym  # noqa: F401
-            self.msg = "imported"
-        except ImportError as exc:
-            self.msg = type(exc).__name__
+        self.msg = []
+        for name in ("reasoning_gym", "torch"):
+            try:
+                __import__(name)
+                self.msg.append("imported")
+            except ImportError as exc:
+                self.msg.append(type(exc).__name__)
+        self.msg.append(str(os.path.exists(HOST)))
     def reset(self, seed=None):
-        return self.msg, {}
+        return " ".join(self.msg), {}
     def step(self, action):
         return "", 0.0, True, False, {}
 """
 
 
-def test_reasoning_gym_is_out_of_reach_of_a_bubblewrap_worker():
-    """Why rg scores in a checker process (rg.py docstring): if the sandbox ever binds the
-    libraries, this fails and the suite can become an episode in the pool."""
+def test_only_the_named_packages_reach_a_bubblewrap_worker():
+    """Environments are standard library only unless the pool names packages; then those and
+    their requirements are importable, read-only, and nothing else of the venv or project."""
     from spade_async.envs import sandbox
     from spade_async.envs.pool import EnvPool, PoolConfig
 
     if sandbox.probe_all()["bwrap"] is not None:
         pytest.skip("bubblewrap does not work on this machine")
+    source = f"HOST = {str(Path(__file__).resolve())!r}\n" + _PROBE
 
-    async def main():
-        async with EnvPool(PoolConfig(isolation="bwrap", prewarm=0, max_workers=1)) as pool:
-            inst = await pool.open(_PROBE)
+    async def probe(packages):
+        cfg = PoolConfig(isolation="bwrap", prewarm=0, max_workers=1, packages=packages)
+        async with EnvPool(cfg) as pool:
+            inst = await pool.open(source)
             return (await pool.reset(inst, seed=0))[0]
 
-    assert anyio.run(main) == "ModuleNotFoundError"
+    assert anyio.run(probe, ()) == "ModuleNotFoundError ModuleNotFoundError False"
+    assert anyio.run(probe, ("reasoning-gym",)) == "imported ModuleNotFoundError False"
+
+
+def test_a_package_that_is_not_installed_is_a_one_line_error():
+    from spade_async.envs.pool import EnvPool, PoolConfig
+    from spade_async.errors import SpadeError
+
+    with pytest.raises(SpadeError, match="envs.packages names 'no-such-dist', which is not"):
+        EnvPool(PoolConfig(packages=("no-such-dist",)))
+
+
+def _episodes(rows, params, answers) -> list[float]:
+    """Each row played as the suite plays it: one episode in the package pool."""
+    import contextlib
+
+    from spade_async.eval.runner import open_package_pool
+    from spade_async.eval.suites import Context
+    from spade_async.eval.suites.rg import play_episode
+    from spade_async.eval.types import Item
+
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            pool = await open_package_pool([make_suite("rg_logic")], stack)
+            ctx = Context(None, None, None, None, package_pool=pool)
+            out = [0.0] * len(rows)
+
+            async def one(i, r):
+                meta = {"task": r["task"], "params": params[r["task"]], "entry": r["entry"]}
+                item = Item(id=f"{r['task']}/{r['episode']}", messages=[], answer="", meta=meta)
+                out[i] = await play_episode(ctx, item, answers[i])
+
+            async with anyio.create_task_group() as tg:
+                for i, r in enumerate(rows):
+                    tg.start_soon(one, i, r)
+            return out
+
+    return anyio.run(main)
 
 
 def test_gold_answers_win_episode_zero_of_every_hard_task_but_two():
-    """All 100 tasks, episode 0, scored as the suite scores: only ``rush_hour`` (no
+    """All 100 tasks, episode 0, played as the suite plays them: only ``rush_hour`` (no
     reference solution ships) and ``jugs`` (hard episode 0 is "No solution") do not win;
     the 5x5 ``rubiks_cube`` wins by undoing its scramble."""
-    from spade_async.eval.checker import Checker, rg_score
     from spade_async.eval.suites.rg import _gold
 
     rows, notes, params = generate(sorted(HARD), 1, 42, 0)
     assert len(rows) == 100 and len(notes) == 1 and "jugs" in notes[0]
-    with Checker(workers=2) as checker:
-        lost = {
-            r["task"]
-            for r in rows
-            if checker.call_sync(
-                rg_score, r["task"], 42, 500, params[r["task"]], r["entry"], _gold(r["entry"])
-            )
-            < 1.0
-        }
-    assert lost == {"rush_hour", "jugs"}
+    rewards = _episodes(rows, params, [_gold(r["entry"]) for r in rows])
+    assert {r["task"] for r, x in zip(rows, rewards, strict=True) if x < 1.0} == {"rush_hour", "jugs"}
 
 
 def test_undoing_the_scramble_solves_every_hard_rubiks_cube_episode():
-    from spade_async.eval.checker import rg_score
     from spade_async.eval.suites.rg import _gold
 
     rows, _, params = generate(["rubiks_cube"], 8, 42, 0)
     scramble = rows[0]["entry"]["metadata"]["scramble_moves"]
     assert any(m[0] == "2" for m in scramble.split())  # slice moves its scorer cannot read
-    assert all(
-        rg_score("rubiks_cube", 42, 500, params["rubiks_cube"], r["entry"], _gold(r["entry"]))
-        == 1.0
-        for r in rows
-    )
-    assert rg_score("rubiks_cube", 42, 500, params["rubiks_cube"], rows[0]["entry"], "R U") < 1.0
+    assert _episodes(rows, params, [_gold(r["entry"]) for r in rows]) == [1.0] * 8
+    assert _episodes(rows[:1], params, ["R U"])[0] < 1.0
+
+
+def test_a_hostile_answer_runs_only_inside_the_sandbox(tmp_path):
+    """countdown's scorer hands the answer to sympy's ``parse_expr``, which evaluates it: a
+    model's answer is code there. Played in the sandbox it reaches no host file, an endless
+    one is cut by the call timeout, neither wins, and the pool goes on scoring."""
+    from spade_async.envs import sandbox
+    from spade_async.eval.suites.rg import _gold
+
+    if sandbox.probe_all()["bwrap"] is not None:
+        pytest.skip("bubblewrap does not work on this machine")
+    target = tmp_path / "written-by-the-answer"
+    rows, _, params = generate(["countdown"], 1, 42, 0)
+    hostile = [
+        f"__import__('pathlib').Path({str(target)!r}).write_text('x')",
+        "__import__('time').sleep(3600)",
+    ]
+    rows = [rows[0]] * 3
+    wrote, slept, gold = _episodes(rows, params, [*hostile, _gold(rows[0]["entry"])])
+    assert wrote < 1.0 and not target.exists()  # the scorer's own "malformed" partial credit
+    assert slept == 0.0 and gold == 1.0  # the call timeout killed the sleeper's worker

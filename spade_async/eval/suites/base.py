@@ -24,9 +24,15 @@ class Generator(Protocol):
 class Context:
     """What a suite needs while playing: a generator, the checker processes, the env pool."""
 
-    def __init__(self, generate: Generator, checker: Any, pool: Any, policy_version: int | None):
+    def __init__(
+        self, generate: Generator, checker: Any, pool: Any, policy_version: int | None,
+        package_pool: Any = None,
+    ):  # fmt: skip
         self.generate, self.checker, self.pool = generate, checker, pool
         self.policy_version = policy_version
+        # a pool whose workers may import the suites' ``packages`` (reasoning-gym), apart
+        # from ``pool``, which may be training's own, standard-library-only one
+        self.package_pool = package_pool
         # an episode (BFCL, ACEBench) holds a pool worker for its whole dialogue: episodes of
         # every suite in flight are bounded by the pool, so none waits into the pool's 'busy'
         # timeout (which would score it 0); the prewarmed workers stay free for code checks
@@ -51,6 +57,7 @@ class Suite:
     majority = True  # maj@k applies (extracted answers are comparable)
     multi_turn = False
     needs_pool = False
+    packages: tuple[str, ...] = ()  # installed distributions its environment imports
 
     def load(self, limit: int) -> list[Item]:
         raise NotImplementedError

@@ -10,38 +10,33 @@ pooled win rate). Notes in the result name only what could not be made here: a h
 parameter the installed reasoning-gym lacks, a task or problem whose generator fails or
 overruns, a problem whose own reference answer does not win.
 
-Scoring is reasoning-gym's own ``score_answer`` on the last ``<answer>`` (``\\boxed{}`` as
-fallback), run in a checker process with a timeout (``spade_async.eval.checker``), not as an
-episode in the environment sandbox, because reasoning-gym cannot be imported there at the
-isolation level the pool picks wherever bubblewrap works. Environment code is standard
-library only (ENV_CONTRACT.md): a bubblewrap worker sees /usr, the base Python installation
-and its own files at /opt/spade, and starts as ``python -I -S``, so the virtual
-environment's site-packages (reasoning-gym and its dependencies: sympy, numpy, pycosat,
-...) is neither mounted nor on ``sys.path``; an environment that imports reasoning_gym gets
-``ModuleNotFoundError`` there (sys.path = /opt/spade + the base library only). At the
-weaker ``unshare`` and ``rlimit`` levels the worker is the venv's interpreter and the same
-environment imports it and scores in under a second, so an RG episode could only run where
-isolation is weakest. Making it an episode everywhere needs the sandbox to bind a trusted
-package set read-only into the workers that ask for it (a PoolConfig option, the worker
-extending ``sys.path``): a decision about what sandboxed code may reach, left to the
-sandbox's owners. The checker process runs trusted library code only (reasoning-gym parsing
-and comparing the answer string); nothing model-written is executed.
+Each answer is played as an episode through the environment interface, the path training
+environments take: ``rg_env.SOURCE`` in a sandbox pool (reset shows the problem, one step
+scores the answer with reasoning-gym's own ``score_answer``). Environment code is standard
+library only (ENV_CONTRACT.md), so this pool is a separate one whose workers also see
+reasoning-gym and its requirements, bound read-only (``PoolConfig.packages``); the pool of
+code and tool-use episodes, and training's, stay standard library only. The episode is
+trusted code: nothing model-written is executed, the answer is only data to the scorer, so
+episodes share the pool's few long-lived workers and each pays the import once.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import re
+import zlib
 
+from spade_async.envs.process import EnvError
 from spade_async.errors import SpadeError
-from spade_async.eval.checker import CheckTimeout, rg_score
 from spade_async.eval.extract import last_answer_tag
 from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.rg_env import SOURCE
 from spade_async.eval.suites.rg_hard import BUCKETS, DATASET_SIZE, EPISODES, SEED, user_prompt
 from spade_async.eval.types import Item, Sampling
 
-__all__ = ["BUCKETS", "ReasoningGym"]
+__all__ = ["BUCKETS", "ReasoningGym", "play_episode"]
 
 
 _MOVE = re.compile(r"(\d*)([A-Z])(w?)('?)")
@@ -85,6 +80,7 @@ def _gold(entry: dict) -> str:
 class ReasoningGym(Suite):
     sampling = Sampling(n=1, temperature=0.6, top_p=0.8, top_k=20, min_p=0.0, max_tokens=8192)
     majority = False  # free-form answers: equal strings are not the only right ones
+    packages = ("reasoning-gym",)  # imported by its environment (rg_env) in the sandbox
 
     def __init__(self, bucket: str) -> None:
         self.bucket = bucket
@@ -116,11 +112,35 @@ class ReasoningGym(Suite):
         answer = last_answer_tag(completion)
         if answer is None:
             return None, 0.0
-        meta = item.meta
-        try:
-            reward = await ctx.checker.call(
-                rg_score, meta["task"], SEED, DATASET_SIZE, meta["params"], meta["entry"], answer
-            )
-        except CheckTimeout:
-            reward = 0.0
+        reward = await play_episode(ctx, item, answer)
         return answer, 1.0 if reward >= 1.0 else 0.0
+
+
+async def play_episode(ctx: Context, item: Item, answer: str) -> float:
+    """One episode of ``rg_env.SOURCE`` in the package pool: reset, one step with the answer.
+
+    Episodes share the pool's few workers (one environment id per worker: the code is ours
+    and the answer is only data to its scorer), each paying the import once. A call that times out
+    kills its worker, so episodes in flight on that worker come back 'lost': those retry once
+    on a fresh worker; the one that timed out scores 0."""
+    pool = ctx.package_pool
+    if pool is None:
+        raise SpadeError("reasoning-gym episodes need Context.package_pool (runner.evaluate)")
+    meta = item.meta
+    kwargs = {"task": meta["task"], "params": meta["params"], "entry": pickle.dumps(meta["entry"]),
+              "seed": SEED, "size": DATASET_SIZE}  # fmt: skip
+    env_id = f"eval-rg-{zlib.crc32(item.id.encode()) % pool.config.max_workers}"
+    for attempt in range(2):
+        inst = None
+        try:
+            inst = await pool.open(SOURCE, env_id=env_id, kwargs=kwargs)
+            await pool.reset(inst, seed=0)
+            _, reward, *_ = await pool.step(inst, answer)
+            return reward
+        except EnvError as exc:
+            if exc.kind != "lost" or attempt:
+                return 0.0
+        finally:
+            if inst is not None:
+                await pool.close(inst)
+    return 0.0
