@@ -2,8 +2,10 @@
 
 One task in the run's task group watches the policy version; at ``before_train`` (version
 0) and every ``interval`` versions it evaluates the configured suites through the run's own
-generation client and sandbox pool, concurrently with training generation (the engines
-batch both; training is never paused for it). Each evaluation is tagged with the policy
+generation client, concurrently with training generation (the engines batch both; training
+is never paused for it). Code and tool-use episodes get a sandbox pool of their own, not
+training's: training episodes can hold every worker of that one, and an evaluation episode
+that waited past its capacity wait would score 0. Each evaluation is tagged with the policy
 version it started on; a weight push during it is recorded (``eval/policy_version_end``),
 since its later samples then come from the next policy. Results go to
 ``runs/<name>/eval/v<version>/`` (results.json, <suite>.jsonl) and to metrics.jsonl as a
@@ -85,7 +87,7 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
             res = await evaluate(
                 list(cfg.suites), generate, out=out, model=rt.cfg.model, n=cfg.n,
                 limit=cfg.limit, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,
-                policy_version=version, pool=rt.pool, data=dict(cfg.data),
+                policy_version=version, data=dict(cfg.data),
                 overrides=dict(cfg.overrides),
             )  # fmt: skip
             rec = rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")

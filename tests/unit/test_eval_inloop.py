@@ -98,6 +98,50 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
         assert res["policy_version"] == v and res["suites"]["gpqa_diamond"]["samples"] == 8
 
 
+def test_evaluation_does_not_wait_behind_a_full_training_pool(tmp_path, monkeypatch):
+    """Training episodes may hold every worker of the run's pool; evaluation's code checks
+    run in a pool of their own, so a gold HumanEval still scores 1.0 (in training's pool it
+    would wait past the capacity wait, fail as 'busy' and score 0)."""
+    import sys
+
+    from spade_async.envs.pool import EnvPool, PoolConfig
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from eval_scripted import Scripted, gold_reply
+
+    monkeypatch.setattr(inloop, "ClientGenerator", lambda client, tokenizer: Scripted(gold_reply))
+    monkeypatch.setattr(inloop, "POLL_S", 0.01)
+    cfg = EvalConfig(interval=0, before_train=True, suites=["humaneval"], n=1, limit=2)
+    busy = """
+class BusyEnv:
+    def reset(self, seed=None):
+        return "", {}
+    def step(self, action):
+        return "", 0.0, True, False, {}
+"""
+
+    async def main():
+        training = PoolConfig(max_workers=1, prewarm=0, capacity_wait_s=0.5)
+        async with EnvPool(training) as pool:
+            await pool.open(busy)  # training's episode holds its only worker
+            rt = SimpleNamespace(
+                cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None,
+                pool=pool, tel=_Tel(), state=SimpleNamespace(version=0, step=0),
+                run_dir=SimpleNamespace(root=tmp_path),
+            )  # fmt: skip
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(inloop.evaluator, rt, stop)
+                with anyio.fail_after(120):
+                    while not rt.tel.records:
+                        await anyio.sleep(0.05)
+                stop.set()
+            return rt.tel.records
+
+    records = anyio.run(main)
+    assert [vals["eval/humaneval/avg@1"] for _, _, vals in records] == [1.0]
+
+
 def test_dashboard_panel_shows_eval_curves():
     from rich.console import Console
 
