@@ -238,3 +238,20 @@ def test_a_hostile_answer_runs_only_inside_the_sandbox(tmp_path):
     wrote, slept, gold = _episodes(rows, params, [*hostile, _gold(rows[0]["entry"])])
     assert wrote < 1.0 and not target.exists()  # the scorer's own "malformed" partial credit
     assert slept == 0.0 and gold == 1.0  # the call timeout killed the sleeper's worker
+
+
+def test_saved_rg_completions_are_rescored_as_episodes(tmp_path):
+    import json
+
+    from spade_async.eval.rescore import rescore
+
+    async def main():
+        await evaluate(["rg_logic"], Scripted(gold_reply), out=tmp_path, model="gold", limit=2, n=1)
+        path = tmp_path / "rg_logic.jsonl"
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        lines[1]["completion"] = "<answer>certainly not this</answer>"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return await rescore(path, ["rg_logic"], None, {})
+
+    res = anyio.run(main)
+    assert res.suites["rg_logic"].metrics["avg@1"] == 0.5
