@@ -51,6 +51,11 @@ def package_binds(distributions: tuple[str, ...]) -> tuple[tuple[str, str], ...]
                     f"{name} (or drop it from envs.packages)"
                 ) from None
             return
+        if required and not dist.files:
+            raise SpadeError(
+                f"envs.packages names {name!r}, whose installation lists no files (no RECORD): "
+                f"reinstall it with pip"
+            )
         for f in dist.files or []:
             top = f.parts[0]
             if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".pth")):
