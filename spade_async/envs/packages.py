@@ -60,10 +60,9 @@ def package_binds(distributions: tuple[str, ...]) -> tuple[tuple[str, str], ...]
             top = f.parts[0]
             if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".pth")):
                 continue
-            path = dist.locate_file(top)
             if len(f.parts) == 1 and not top.endswith((".py", ".so")):
                 continue  # scripts, licences and data files at the top of site-packages
-            binds.setdefault(top, str(path.resolve()))
+            binds.setdefault(top, str(dist.locate_file(top).resolve()))
         for spec in dist.requires or []:
             req = Requirement(spec)
             if req.marker is None or req.marker.evaluate({"extra": ""}):

@@ -5,8 +5,9 @@ this file sits at /opt/spade next to protocol.py, seccomp.py, tool_use.py and ms
 ``python -I`` adds neither PYTHONPATH nor the script dir, so we insert our own dir.
 
 Order at boot: imports -> stdout/stderr into a capped sink -> the pool's trusted packages
-on ``sys.path`` (if any) -> rlimits -> seccomp filter -> ``Ready``. Only then is untrusted code executed (on the first ``Open``). Every request gets
-exactly one reply; failures the worker survives come back as ``Err(kind, message)``.
+on ``sys.path`` (if any) -> rlimits -> seccomp filter -> ``Ready``. Only then is untrusted
+code executed (on the first ``Open``). Every request gets exactly one reply; failures the
+worker survives come back as ``Err(kind, message)``.
 """
 
 from __future__ import annotations

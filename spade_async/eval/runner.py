@@ -29,20 +29,20 @@ __all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL"
 
 # one fresh worker per code sample / BFCL episode; the call timeout is the per-test timeout
 EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
-PACKAGE_WORKERS = 4  # long-lived workers that reasoning-gym episodes share
+PACKAGE_WORKERS = 4  # workers of the package pool (reasoning-gym: one per episode)
 
 
 async def open_package_pool(
     suites: list[Suite], stack: contextlib.AsyncExitStack
 ) -> EnvPool | None:
     """A pool for the suites whose environments import installed packages (reasoning-gym),
-    or None. Apart from the pool of code and tool-use episodes, which stays standard library
-    only (and in-loop is training's own); its workers are long-lived, one per shard."""
+    or None: apart from the pool of code and tool-use episodes, which stays standard library
+    only, so model-written code meets the same sandbox whichever suites run beside it."""
     packages = tuple(sorted({p for s in suites for p in s.packages}))
     if not packages:
         return None
     cfg = msgspec.structs.replace(
-        EVAL_POOL, packages=packages, prewarm=0, max_workers=PACKAGE_WORKERS, memory_mb=2048
+        EVAL_POOL, packages=packages, max_workers=PACKAGE_WORKERS, memory_mb=2048
     )
     return await stack.enter_async_context(EnvPool(cfg))
 

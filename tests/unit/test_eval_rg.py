@@ -169,7 +169,11 @@ def test_a_package_that_is_not_installed_is_a_one_line_error():
         EnvPool(PoolConfig(packages=("no-such-dist",)))
 
 
-def _episodes(rows, params, answers) -> list[float]:
+def _episodes_in_order(rows, params, answers) -> list[float]:
+    return _episodes(rows, params, answers, concurrent=False)
+
+
+def _episodes(rows, params, answers, *, concurrent=True) -> list[float]:
     """Each row played as the suite plays it: one episode in the package pool."""
     import contextlib
 
@@ -189,6 +193,10 @@ def _episodes(rows, params, answers) -> list[float]:
                 item = Item(id=f"{r['task']}/{r['episode']}", messages=[], answer="", meta=meta)
                 out[i] = await play_episode(ctx, item, answers[i])
 
+            if not concurrent:
+                for i, r in enumerate(rows):
+                    await one(i, r)
+                return out
             async with anyio.create_task_group() as tg:
                 for i, r in enumerate(rows):
                     tg.start_soon(one, i, r)
@@ -255,3 +263,22 @@ def test_saved_rg_completions_are_rescored_as_episodes(tmp_path):
 
     res = anyio.run(main)
     assert res.suites["rg_logic"].metrics["avg@1"] == 0.5
+
+
+def test_an_answer_cannot_forge_another_episodes_verdict():
+    """An answer that the scorer evaluates rewrites the environment's ``step`` to always
+    win; every episode plays in a worker of its own, so a later wrong answer still loses."""
+    from spade_async.envs import sandbox
+
+    if sandbox.probe_all()["bwrap"] is not None:
+        pytest.skip("bubblewrap does not work on this machine")
+    rows, _, params = generate(["countdown"], 1, 42, 0)
+    forge = (
+        "exec(\"import sys\\nm = sys.modules['env_module']\\n"
+        "m.ReasoningGymEnv.step = lambda self, a: ('', 1.0, True, False, {})\")"
+    )
+    assert _episodes(rows, params, [forge]) == [0.01]  # parse_expr ran it, then failed
+    wrong = "certainly not this"
+    assert _episodes([rows[0]] * 2, params, [forge, wrong])[1] < 1.0
+    # sequentially too, in one pool: the forger's worker is gone before the next opens
+    assert _episodes_in_order([rows[0]] * 2, params, [forge, wrong])[1] < 1.0

@@ -196,3 +196,14 @@ def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():
 
     res = anyio.run(main).suites["bfcl_v4_multi_turn"]
     assert res.samples == 6 and res.metrics["avg@1"] == 1.0, res.metrics
+
+
+def test_equal_code_samples_each_get_a_worker_of_their_own():
+    """k equal completions (a low-temperature model) score together: each runs on its own
+    worker, so one finishing (its worker released) never kills another mid-test."""
+
+    async def main():
+        return await evaluate(["humaneval"], Scripted(gold_reply), out=None, model="g", limit=2, n=4)
+
+    res = anyio.run(main)
+    assert res.suites["humaneval"].metrics["avg@4"] == 1.0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import anyio
@@ -10,7 +13,29 @@ from spade_async.errors import SpadeError
 from spade_async.eval.metrics import suite_metrics
 from spade_async.eval.types import Item, Sample, Sampling
 
-__all__ = ["Suite", "Context", "Generator", "render_prompt_text"]
+__all__ = ["Suite", "Context", "Generator", "fresh_instance", "render_prompt_text"]
+
+_EPISODE_IDS = itertools.count()
+
+
+@contextlib.asynccontextmanager
+async def fresh_instance(
+    pool: Any, source: str, prefix: str, kwargs: dict | None = None
+) -> AsyncIterator[Any]:
+    """An instance of ``source``, reset at seed 0, on a worker of its own that is killed
+    afterwards. Nothing one episode's input does (model-written code, an answer a scorer
+    evaluates) outlives it or reaches another episode's verdict, and ids are unique, so
+    two equal completions never share (and then kill) one worker."""
+    env_id = f"eval-{prefix}-{next(_EPISODE_IDS)}"
+    try:
+        inst = await pool.open(source, env_id=env_id, kwargs=kwargs)
+        try:
+            await pool.reset(inst, seed=0)
+            yield inst
+        finally:
+            await pool.close(inst)
+    finally:
+        await pool.release(env_id)
 
 
 class Generator(Protocol):
@@ -30,8 +55,8 @@ class Context:
     ):  # fmt: skip
         self.generate, self.checker, self.pool = generate, checker, pool
         self.policy_version = policy_version
-        # a pool whose workers may import the suites' ``packages`` (reasoning-gym), apart
-        # from ``pool``, which may be training's own, standard-library-only one
+        # a pool whose workers may also import the suites' ``packages`` (reasoning-gym);
+        # ``pool`` stays standard library only, like the sandbox model-written code meets
         self.package_pool = package_pool
         # an episode (BFCL, ACEBench) holds a pool worker for its whole dialogue: episodes of
         # every suite in flight are bounded by the pool, so none waits into the pool's 'busy'

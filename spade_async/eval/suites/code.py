@@ -22,7 +22,7 @@ from pathlib import Path
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
 from spade_async.eval.extract import last_code_block
-from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.code_env import SOURCE
 from spade_async.eval.types import Item, Sampling
 
@@ -31,24 +31,17 @@ __all__ = ["HumanEval", "LiveCodeBench", "run_tests"]
 CODE_INSTRUCTION = "Write the solution in a single ```python code block."
 
 
-async def run_tests(ctx: Context, env_id: str, tests: list[dict]) -> tuple[float, str]:
+async def run_tests(ctx: Context, prefix: str, tests: list[dict]) -> tuple[float, str]:
     """Run ``tests`` in a fresh sandbox worker; 1.0 when all pass, else 0.0 and the reason."""
     try:
-        inst = await ctx.pool.open(SOURCE, env_id=env_id)
-    except EnvError as exc:
-        return 0.0, f"sandbox: {exc}"
-    try:
-        await ctx.pool.reset(inst, seed=0)
-        for t in tests:
-            obs, reward, *_ = await ctx.pool.step(inst, json.dumps(t))
-            if reward < 1.0:
-                return 0.0, obs
-        return 1.0, "passed"
+        async with fresh_instance(ctx.pool, SOURCE, prefix) as inst:
+            for t in tests:
+                obs, reward, *_ = await ctx.pool.step(inst, json.dumps(t))
+                if reward < 1.0:
+                    return 0.0, obs
+            return 1.0, "passed"
     except EnvError as exc:  # timeout, crash, memory: the test failed
-        return 0.0, f"{exc}"
-    finally:
-        await ctx.pool.close(inst)
-        await ctx.pool.release(env_id)
+        return 0.0, f"sandbox: {exc}"
 
 
 def _program(item: Item, completion: str) -> str | None:
@@ -97,8 +90,7 @@ class HumanEval(Suite):
         if code is None:
             return None, 0.0
         program = f"{code}\n\n{item.meta['test']}\n\ncheck({item.meta['entry_point']})\n"
-        env_id = f"eval-he-{abs(hash((item.id, completion)))}"
-        score, _ = await run_tests(ctx, env_id, [{"kind": "check", "program": program}])
+        score, _ = await run_tests(ctx, "he", [{"kind": "check", "program": program}])
         return code, score
 
 
@@ -184,6 +176,5 @@ class LiveCodeBench(Suite):
         tests = [{"kind": "functional" if t.get("testtype") == "functional" else "stdin",
                   "program": code, "input": t["input"], "output": t["output"],
                   "func_name": item.meta.get("func_name")} for t in item.meta["tests"]]  # fmt: skip
-        env_id = f"eval-lcb-{abs(hash((item.id, completion)))}"
-        score, _ = await run_tests(ctx, env_id, tests)
+        score, _ = await run_tests(ctx, "lcb", tests)
         return code, score

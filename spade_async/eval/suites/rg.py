@@ -15,9 +15,8 @@ environments take: ``rg_env.SOURCE`` in a sandbox pool (reset shows the problem,
 scores the answer with reasoning-gym's own ``score_answer``). Environment code is standard
 library only (ENV_CONTRACT.md), so this pool is a separate one whose workers also see
 reasoning-gym and its requirements, bound read-only (``PoolConfig.packages``); the pool of
-code and tool-use episodes, and training's, stay standard library only. The episode is
-trusted code: nothing model-written is executed, the answer is only data to the scorer, so
-episodes share the pool's few long-lived workers and each pays the import once.
+code and tool-use episodes, and training's, stay standard library only. Every episode gets
+a fresh worker: some scorers evaluate the answer as Python (countdown's ``parse_expr``).
 """
 
 from __future__ import annotations
@@ -26,12 +25,11 @@ import importlib.util
 import json
 import pickle
 import re
-import zlib
 
 from spade_async.envs.process import EnvError
 from spade_async.errors import SpadeError
 from spade_async.eval.extract import last_answer_tag
-from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.rg_env import SOURCE
 from spade_async.eval.suites.rg_hard import BUCKETS, DATASET_SIZE, EPISODES, SEED, user_prompt
 from spade_async.eval.types import Item, Sampling
@@ -117,30 +115,18 @@ class ReasoningGym(Suite):
 
 
 async def play_episode(ctx: Context, item: Item, answer: str) -> float:
-    """One episode of ``rg_env.SOURCE`` in the package pool: reset, one step with the answer.
-
-    Episodes share the pool's few workers (one environment id per worker: the code is ours
-    and the answer is only data to its scorer), each paying the import once. A call that times out
-    kills its worker, so episodes in flight on that worker come back 'lost': those retry once
-    on a fresh worker; the one that timed out scores 0."""
-    pool = ctx.package_pool
-    if pool is None:
+    """One episode of ``rg_env.SOURCE`` on a fresh worker of the package pool: reset, one
+    step with the answer. Some scorers evaluate the answer (countdown hands it to sympy's
+    ``parse_expr``), so it is model-written code: a worker of its own keeps it from the
+    host and from every other episode's verdict. A timeout or crash scores 0."""
+    if ctx.package_pool is None:
         raise SpadeError("reasoning-gym episodes need Context.package_pool (runner.evaluate)")
     meta = item.meta
     kwargs = {"task": meta["task"], "params": meta["params"], "entry": pickle.dumps(meta["entry"]),
               "seed": SEED, "size": DATASET_SIZE}  # fmt: skip
-    env_id = f"eval-rg-{zlib.crc32(item.id.encode()) % pool.config.max_workers}"
-    for attempt in range(2):
-        inst = None
-        try:
-            inst = await pool.open(SOURCE, env_id=env_id, kwargs=kwargs)
-            await pool.reset(inst, seed=0)
-            _, reward, *_ = await pool.step(inst, answer)
+    try:
+        async with fresh_instance(ctx.package_pool, SOURCE, "rg", kwargs) as inst:
+            _, reward, *_ = await ctx.package_pool.step(inst, answer)
             return reward
-        except EnvError as exc:
-            if exc.kind != "lost" or attempt:
-                return 0.0
-        finally:
-            if inst is not None:
-                await pool.close(inst)
-    return 0.0
+    except EnvError:
+        return 0.0

@@ -1,6 +1,6 @@
 """Environment source for one reasoning-gym problem, played in the sandbox pool.
 
-Trusted code of ours, not model-written: it imports reasoning-gym, which the pool binds
+Our own code, not model-written: it imports reasoning-gym, which the pool binds
 read-only into its workers (``PoolConfig.packages``; generated environments stay standard
 library only). ``reset`` shows the problem; one ``step`` with the extracted answer scores it
 with reasoning-gym's own ``score_answer`` and ends the episode. The problem itself (the
@@ -8,31 +8,23 @@ entry) is made outside, in a child with a fixed hash seed (``rg_gen``), and pass
 reasoning-gym's generators depend on string-hash order, which ``python -I`` cannot fix.
 It travels pickled, parent to sandbox only (our own data): its scorers compare tuples,
 grids and ``numpy.str_`` values that a JSON or msgpack round trip would change.
-Datasets are cached per worker, so a worker pays reasoning-gym's import and each task's
-dataset once, however many episodes it serves.
+
+The answer is not always data only: countdown's scorer evaluates it with sympy's
+``parse_expr``. So every episode has a worker of its own (``fresh_instance``),
+paying reasoning-gym's import (about 1 s of CPU) each time.
 """
 
 SOURCE = r"""
-import json
 import pickle
 
 import reasoning_gym
-
-_DATASETS = {}
-
-
-def _dataset(task, seed, size, params):
-    key = (task, seed, size, json.dumps(params, sort_keys=True))
-    if key not in _DATASETS:
-        _DATASETS[key] = reasoning_gym.create_dataset(task, seed=seed, size=size, **params)
-    return _DATASETS[key]
 
 
 class ReasoningGymEnv:
     def __init__(self, task, params, entry, seed=42, size=500, max_turns=1, **kwargs):
         self.entry = pickle.loads(entry)
         self.max_turns = max_turns
-        self.dataset = _dataset(task, seed, size, params)
+        self.dataset = reasoning_gym.create_dataset(task, seed=seed, size=size, **params)
 
     def reset(self, seed=None):
         return self.entry["question"], {}
