@@ -47,7 +47,7 @@ from spade_async.eval.suites.acebench_env import (
     find_checkout,
 )  # fmt: skip
 from spade_async.eval.suites.acebench_user import SimulatorError, UserSimulator
-from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.types import Item, Sample, Sampling
 from spade_async.generation.chat import strip_think
 
@@ -182,21 +182,15 @@ class ACEBenchAgent(Suite):
             + "".join(co.prompts[c] for c in ("Travel", "BaseApi") if c in involved)
         )
         dialog = _Dialog(system, transcript=[{"role": "system", "content": system}])
-        env_id = f"eval-ace-{item.id}-{k}-{id(dialog)}"
         score, error = 0.0, None
         try:
-            inst = await ctx.pool.open(self._source, env_id=env_id, kwargs={"entry": entry},
-                                       env_class="AceEpisodeEnv")  # fmt: skip
-        except EnvError as exc:
-            await ctx.pool.release(env_id)
-            return self._sample(item, k, dialog, 0.0, f"sandbox: {exc}", ctx)
-        try:
-            await ctx.pool.reset(inst, seed=0)
-            if cat == "multi_step":
-                await self._multi_step(item, sampling, ctx, inst, dialog)
-            else:
-                await self._multi_turn(item, sampling, ctx, inst, dialog)
-            obs, *_ = await ctx.pool.step(inst, json.dumps({"final": True}))
+            async with fresh_instance(ctx.pool, self._source, "ace", {"entry": entry},
+                                      env_class="AceEpisodeEnv") as inst:  # fmt: skip
+                if cat == "multi_step":
+                    await self._multi_step(item, sampling, ctx, inst, dialog)
+                else:
+                    await self._multi_turn(item, sampling, ctx, inst, dialog)
+                obs, *_ = await ctx.pool.step(inst, json.dumps({"final": True}))
             try:
                 error = end_to_end(json.loads(obs), meta["ground_truth"])
             except ValueError:
@@ -206,9 +200,6 @@ class ACEBenchAgent(Suite):
             error = f"sandbox: {exc}"
         except SimulatorError as exc:
             error = str(exc)
-        finally:
-            await ctx.pool.close(inst)
-            await ctx.pool.release(env_id)
         return self._sample(item, k, dialog, score, error, ctx)
 
     async def _agent(self, item, sampling, ctx, dialog: _Dialog, user: str) -> str:

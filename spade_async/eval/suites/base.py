@@ -20,7 +20,7 @@ _EPISODE_IDS = itertools.count()
 
 @contextlib.asynccontextmanager
 async def fresh_instance(
-    pool: Any, source: str, prefix: str, kwargs: dict | None = None
+    pool: Any, source: str, prefix: str, kwargs: dict | None = None, env_class: str = ""
 ) -> AsyncIterator[Any]:
     """An instance of ``source``, reset at seed 0, on a worker of its own that is killed
     afterwards. Nothing one episode's input does (model-written code, an answer a scorer
@@ -28,7 +28,7 @@ async def fresh_instance(
     two equal completions never share (and then kill) one worker."""
     env_id = f"eval-{prefix}-{next(_EPISODE_IDS)}"
     try:
-        inst = await pool.open(source, env_id=env_id, kwargs=kwargs)
+        inst = await pool.open(source, env_id=env_id, kwargs=kwargs, env_class=env_class)
         try:
             await pool.reset(inst, seed=0)
             yield inst

@@ -19,7 +19,7 @@ from typing import Any
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
-from spade_async.eval.suites.base import Context, Suite
+from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.bfcl_env import CLASS_FILES, episode_source
 from spade_async.eval.types import Item, Sample, Sampling
 
@@ -146,49 +146,43 @@ class BFCLMultiTurn(Suite):
         entry = {"initial_config": meta["initial_config"], "involved_classes": meta["involved_classes"],
                  "ground_truth": [[parse_call(c) for c in turn] for turn in meta["ground_truth"]],
                  "long_context": meta["category"] == "long_context"}  # fmt: skip
-        env_id = f"eval-bfcl-{item.id}-{k}-{id(entry)}"
         messages: list[dict] = []
         extracted: list[list[str]] = []
         score, error = 0.0, None
         try:
-            inst = await ctx.pool.open(self._source, env_id=env_id, kwargs={"entry": entry})
-        except EnvError as exc:
-            return self._sample(item, k, messages, extracted, 0.0, f"sandbox: {exc}", ctx)
-        try:
-            await ctx.pool.reset(inst, seed=0)
-            for turn, question in enumerate(meta["questions"]):
-                tools = self._tools(item, turn)
-                system = SYSTEM.format(
-                    tools="\n".join(json.dumps(t["function"], separators=(",", ":")) for t in tools)
-                )
-                if not messages:
-                    messages.append({"role": "system", "content": system})
-                elif str(turn) in meta["missed"]:
-                    messages[0] = {"role": "system", "content": system}
-                messages.extend(question or [{"role": "user", "content": ADDED_FUNCTIONS}])
-                turn_calls: list[str] = []
-                for _step in range(MAX_STEPS):
-                    reply = await ctx.generate(messages, sampling, item=item)
-                    messages.append({"role": "assistant", "content": reply})
-                    calls = parse_tool_calls(reply)
-                    if not calls:
+            async with fresh_instance(ctx.pool, self._source, "bfcl", {"entry": entry}) as inst:
+                for turn, question in enumerate(meta["questions"]):
+                    tools = self._tools(item, turn)
+                    system = SYSTEM.format(
+                        tools="\n".join(
+                            json.dumps(t["function"], separators=(",", ":")) for t in tools
+                        )
+                    )
+                    if not messages:
+                        messages.append({"role": "system", "content": system})
+                    elif str(turn) in meta["missed"]:
+                        messages[0] = {"role": "system", "content": system}
+                    messages.extend(question or [{"role": "user", "content": ADDED_FUNCTIONS}])
+                    turn_calls: list[str] = []
+                    for _step in range(MAX_STEPS):
+                        reply = await ctx.generate(messages, sampling, item=item)
+                        messages.append({"role": "assistant", "content": reply})
+                        calls = parse_tool_calls(reply)
+                        if not calls:
+                            break
+                        obs, *_ = await ctx.pool.step(inst, json.dumps({"calls": calls}))
+                        turn_calls += [json.dumps(c[2] | {"__name__": c[0]}) for c in calls]
+                        for c, result in zip(calls, json.loads(obs), strict=True):
+                            messages.append({"role": "tool", "name": c[0], "content": result})
+                    extracted.append(turn_calls)
+                    obs, reward, terminated, _, info = await ctx.pool.step(
+                        inst, json.dumps({"end_turn": True})
+                    )
+                    if terminated:
+                        score, error = reward, info.get("failure")
                         break
-                    obs, *_ = await ctx.pool.step(inst, json.dumps({"calls": calls}))
-                    turn_calls += [json.dumps(c[2] | {"__name__": c[0]}) for c in calls]
-                    for c, result in zip(calls, json.loads(obs), strict=True):
-                        messages.append({"role": "tool", "name": c[0], "content": result})
-                extracted.append(turn_calls)
-                obs, reward, terminated, _, info = await ctx.pool.step(
-                    inst, json.dumps({"end_turn": True})
-                )
-                if terminated:
-                    score, error = reward, info.get("failure")
-                    break
         except EnvError as exc:
             score, error = 0.0, f"sandbox: {exc}"
-        finally:
-            await ctx.pool.close(inst)
-            await ctx.pool.release(env_id)
         return self._sample(item, k, messages, extracted, score, error, ctx)
 
     def _sample(self, item, k, messages, extracted, score, error, ctx) -> Sample:
