@@ -213,8 +213,8 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
 
 def measure(tmp: Path, model: Path, pool: Path, quick: bool) -> tuple[list[dict], list[dict]]:
     from spade_async import recipe
+    from spade_async.loop.runtime import open_runtime
     from spade_async.rundir import RunDir
-    from spade_async.runtime import open_runtime
     from spade_async.telemetry.metrics import read_metrics
 
     w = QUICK if quick else FULL

@@ -19,6 +19,7 @@ from spade_async.envs.pool import PoolConfig
 from spade_async.errors import ConfigError
 from spade_async.eval.types import EvalConfig
 from spade_async.generation.client import ClientConfig
+from spade_async.loop.config import PipelineConfig
 from spade_async.memory.store import MemoryConfig
 from spade_async.placement import PlacementConfig
 from spade_async.placement import check as check_placement
@@ -27,7 +28,6 @@ from spade_async.rewards import check as check_rewards
 from spade_async.roles.agent import AgentConfig
 from spade_async.roles.designer import DesignerConfig
 from spade_async.roles.hint import HintConfig
-from spade_async.schedule_async import PipelineConfig
 from spade_async.telemetry.metrics import TelemetryConfig
 from spade_async.trainer.config import TrainerConfig
 
@@ -154,7 +154,7 @@ def check(cfg: Config) -> None:
     from spade_async.engines import check_engine
 
     check_engine(cfg.engine)  # SGLang flags the pinned release lacks
-    from spade_async.eval.inloop import check as check_eval
+    from spade_async.eval.checks import check as check_eval
 
     check_eval(cfg.eval)
     if cfg.mode == "fixed_pool" and not cfg.fixed_pool and not cfg.initial_memory:

@@ -19,35 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from spade_async.eval.checks import check
 from spade_async.eval.engine import ClientGenerator
 from spade_async.eval.runner import evaluate
 from spade_async.eval.types import EvalConfig, Results
 
 if TYPE_CHECKING:
-    from spade_async.runtime import Runtime
+    from spade_async.loop.runtime import Runtime
 
 __all__ = ["evaluator", "due", "record", "check"]
 
 POLL_S = 1.0
-
-
-def check(cfg: EvalConfig) -> None:
-    """Recipe check: known suite names (closest suggested), sane numbers."""
-    from spade_async.errors import ConfigError
-    from spade_async.eval.runner import settings_for
-    from spade_async.eval.suites import make_suite
-
-    for name in [*cfg.suites, *cfg.overrides]:
-        try:
-            suite = make_suite(name, dict(cfg.data))  # also checks SUITE.OPTION keys
-        except Exception as exc:  # SpadeError with the suggestion
-            raise ConfigError(f"eval.suites: {exc}") from None
-        try:
-            settings_for(suite, extra=cfg.overrides.get(name))
-        except TypeError as exc:
-            raise ConfigError(f"eval.overrides.{name}: {exc}") from None
-    if min(cfg.interval, cfg.n, cfg.limit, cfg.max_tokens) < 0 or cfg.concurrency < 1:
-        raise ConfigError("eval: interval, n, limit, max_tokens must be >= 0, concurrency >= 1")
 
 
 def due(cfg: EvalConfig, version: int, last: int | None) -> bool:

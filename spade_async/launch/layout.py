@@ -20,15 +20,17 @@ from spade_async.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from spade_async.recipe import Config
+    from spade_async.engines import EngineConfig
+    from spade_async.launch.config import PlacementConfig
 
 __all__ = ["check_layout", "torchrun_rdzv", "hsdp_mesh"]
 
 
-def check_layout(cfg: Config, push_mode: str) -> None:
+def check_layout(
+    pl: PlacementConfig, eng: EngineConfig, push_mode: str, *, hsdp: bool = False
+) -> None:
     """A layout whose counts, ranks or addresses disagree: one line (``push_mode``: what
-    ``placement.weight_push`` resolves to)."""
-    pl, eng = cfg.placement, cfg.engine
+    ``placement.weight_push`` resolves to; ``hsdp``: ``trainer.hsdp``)."""
     from spade_async.launch.external import check_urls
 
     check_urls(eng.external)
@@ -78,7 +80,7 @@ def check_layout(cfg: Config, push_mode: str) -> None:
             "placement.weight_push = 'tensor' (CUDA IPC) cannot reach engines on other nodes; "
             "use 'distributed' or 'disk'"
         )
-    if cfg.trainer.hsdp:
+    if hsdp:
         ranks = len(pl.trainer_gpus) or pl.cpu_ranks
         if ranks < 1:
             raise ConfigError("trainer.hsdp needs at least one rank per node")
@@ -92,10 +94,9 @@ def _host(url: str) -> str:
     return urlsplit(url).hostname or ""
 
 
-def torchrun_rdzv(cfg: Config, run_name: str = "spade") -> list[str]:
+def torchrun_rdzv(pl: PlacementConfig, run_name: str = "spade") -> list[str]:
     """torchrun's rendezvous arguments: ``--standalone`` on one node, else the c10d (or
     static) rendezvous at master_addr:master_port."""
-    pl = cfg.placement
     if pl.nnodes == 1:
         return ["--standalone"]
     endpoint = f"{pl.master_addr}:{pl.master_port}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from spade_async.corpus_cli import Parser
+from spade_async.cli.corpus import Parser
 from spade_async.errors import ConfigError
 from spade_async.memory.records import EnvRecord
 from spade_async.memory.store import MemoryStore

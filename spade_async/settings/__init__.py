@@ -9,20 +9,10 @@ designer is scored and trained on it as on any generated environment. Selected w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from spade_async.errors import ConfigError
+from spade_async.settings.base import Family
 
-
-@dataclass(frozen=True)
-class Family:
-    """An environment family: its prompt and its extractor."""
-
-    name: str
-    prompt: Callable[..., str]  # designer_prompt's keyword arguments -> the designer's prompt
-    build: Callable[[str], str | None]  # the designer's reply -> environment source, or None
-    no_parameter: str  # the verdict's reason when ``build`` finds no parameter in a reply
+__all__ = ["Family", "family"]
 
 
 def family(name: str) -> Family:

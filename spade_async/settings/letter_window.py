@@ -23,7 +23,7 @@ import re
 import string
 from collections.abc import Sequence
 
-from spade_async.settings import Family
+from spade_async.settings.base import Family
 
 ATTEMPTS = 3
 _LETTER = re.compile(r'^LETTER = "([a-z])"$', re.MULTILINE)

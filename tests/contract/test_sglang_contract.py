@@ -88,7 +88,7 @@ def test_raw_http_body_field_exists(sglang_src, call, field):
 def _pause_modes():
     import typing
 
-    from spade_async.schedule_async import PipelineConfig
+    from spade_async.loop.config import PipelineConfig
     from spade_async.trainer.rpc import PushWeights
 
     def strings(t) -> set[str]:  # the Literal's values, through Annotated (Doc)

@@ -51,7 +51,7 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
 
 
 def _run(cfg: recipe.Config, run_dir: RunDir) -> None:
-    from spade_async.run import train
+    from spade_async.loop.run import train
 
     if not run_dir.exists():
         run_dir.create().write_config(cfg)

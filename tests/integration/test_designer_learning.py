@@ -22,7 +22,8 @@ import math
 import pytest
 from loop_helpers import _run, _steps
 
-from spade_async import cycle, recipe
+from spade_async import recipe
+from spade_async.loop import cycle
 from spade_async.memory.store import MemoryStore
 from spade_async.rundir import RunDir
 from spade_async.settings.char_model import char_model_dir

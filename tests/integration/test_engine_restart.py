@@ -21,7 +21,7 @@ from spade_async import recipe
 from spade_async.engines import EngineConfig, running_engines
 from spade_async.generation.client import ClientConfig, EngineError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
-from spade_async.runtime import ControllerState, Runtime, push_kwargs
+from spade_async.loop.runtime import ControllerState, Runtime, push_kwargs
 from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.client import AsyncTrainerClient
 from spade_async.trainer.config import TrainerConfig

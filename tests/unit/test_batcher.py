@@ -1,7 +1,7 @@
 """Episodes and designer samples -> trainer samples: GRPO per env, fan-out, staleness."""
 
-from spade_async.batcher import agent_samples, designer_samples, drop_stale
 from spade_async.envs.validate import Verdict
+from spade_async.loop.batcher import agent_samples, designer_samples, drop_stale
 from spade_async.roles.agent import AgentConfig, Episode
 from spade_async.roles.designer import DesignSample
 
@@ -102,7 +102,7 @@ def test_drop_stale_drops_samples_from_a_lost_newer_policy():
 
 
 def test_trim_batch_keeps_designer_samples_first():
-    from spade_async.batcher import trim_batch
+    from spade_async.loop.batcher import trim_batch
     from spade_async.trainer.batch import Sample
 
     def s(role, i):

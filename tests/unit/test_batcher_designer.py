@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import anyio
 import pytest
 
-from spade_async import cycle
-from spade_async.batcher import agent_samples
 from spade_async.envs.validate import Verdict
+from spade_async.loop import cycle
+from spade_async.loop.batcher import agent_samples
 from spade_async.recipe import load
 from spade_async.roles.agent import Episode
 from spade_async.roles.designer import DesignSample

@@ -9,11 +9,11 @@ from types import MethodType, SimpleNamespace
 import anyio
 
 from spade_async import recipe
-from spade_async.cycle import train_and_push
 from spade_async.generation.client import ClientConfig, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.server import make_engine_app, serve_in_thread
-from spade_async.runtime import Runtime
+from spade_async.loop.cycle import train_and_push
+from spade_async.loop.runtime import Runtime
 from spade_async.telemetry.metrics import Meters
 from spade_async.trainer.batch import Sample
 

@@ -62,7 +62,7 @@ def test_cli_unknown_command_exit_2():
 def test_cli_reports_a_spade_error_from_a_task_group_as_one_line(monkeypatch, capsys):
     import types
 
-    from spade_async import cli
+    from spade_async.cli import dispatch as cli
     from spade_async.errors import SpadeError
 
     def boom(argv):

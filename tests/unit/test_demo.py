@@ -1,6 +1,8 @@
 """`spade demo` runs configs/cpu-demo.toml through `spade train` and says where results are."""
 
-from spade_async import demo, recipe, train_cli
+from spade_async import recipe
+from spade_async.cli import demo
+from spade_async.cli import train as train_cli
 
 
 def test_demo_recipe_loads_and_runs_async_on_the_embedded_default():

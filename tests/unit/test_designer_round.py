@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import anyio
 import numpy as np
 
-from spade_async import cycle, recipe
+from spade_async import recipe
 from spade_async.envs.pool import EnvPool
 from spade_async.generation.client import GenerateResult
+from spade_async.loop import cycle
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.rundir import RunDir

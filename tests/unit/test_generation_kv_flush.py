@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from spade_async.schedule_async import PipelineConfig
+from spade_async.loop.config import PipelineConfig
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.weights import push_disk, push_distributed, push_tensor
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spade_async import demo, recipe, train_cli
+from spade_async import recipe
+from spade_async.cli import demo
+from spade_async.cli import train as train_cli
 from spade_async.envs.validate import check_file
 from spade_async.errors import ConfigError
 from spade_async.settings import family

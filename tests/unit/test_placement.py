@@ -215,7 +215,7 @@ def test_dry_run_of_a_run_directory_shows_the_resume(tmp_path, monkeypatch):
 
 
 def test_weight_push_follows_the_placement():
-    from spade_async.runtime import push_kwargs
+    from spade_async.loop.runtime import push_kwargs
 
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"]
     cfg = _load()

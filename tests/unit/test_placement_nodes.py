@@ -49,9 +49,9 @@ def test_local_external_engine_needs_no_shared_directory():
 
 def test_torchrun_rendezvous():
     one = recipe.load(None, [])
-    assert torchrun_rdzv(one) == ["--standalone"]
+    assert torchrun_rdzv(one.placement) == ["--standalone"]
     two = recipe.load(FOUR, ["placement.node_rank=1", "placement.master_addr='n0'"])
-    args = torchrun_rdzv(two, "job")
+    args = torchrun_rdzv(two.placement, "job")
     assert args == [
         "--nnodes=2",
         "--node-rank=1",
@@ -60,7 +60,7 @@ def test_torchrun_rendezvous():
         "--rdzv-id=job",
     ]
     static = recipe.load(FOUR, ["placement.rdzv_backend='static'"])
-    assert "--master-addr=train-node-0" in torchrun_rdzv(static)
+    assert "--master-addr=train-node-0" in torchrun_rdzv(static.placement)
 
 
 def test_dry_run_node_plans(capsys):

@@ -96,7 +96,7 @@ def test_restarted_trainer_drops_the_old_group_on_surviving_engines(base):
 def test_runtime_numbers_groups_by_restarts():
     """Runtime.push: epoch = trainer restarts + engine restarts, a fresh port on a change,
     and the previous epoch passed on; an engine restart triggers a push at once."""
-    from spade_async.runtime import Runtime
+    from spade_async.loop.runtime import Runtime
 
     calls = []
 

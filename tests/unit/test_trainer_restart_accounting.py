@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import anyio
 import pytest
 
-import spade_async.runtime as runtime_mod
-from spade_async.cycle import train_and_push
-from spade_async.runtime import Runtime
+import spade_async.loop.runtime as runtime_mod
+from spade_async.loop.cycle import train_and_push
+from spade_async.loop.runtime import Runtime
 from spade_async.telemetry.metrics import Meters
 from spade_async.trainer.client import TrainerDied
 from spade_async.trainer.rpc import WeightsPushed

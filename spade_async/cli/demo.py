@@ -21,7 +21,7 @@ from pathlib import Path
 
 from spade_async.errors import UsageError
 
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.toml"
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "cpu-demo.toml"
 LEARNING = RECIPE.with_name("cpu-learning.toml")
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             "~7 min on 2 cores"
         )
     print(f"  watch it from another terminal: spade dashboard {args.run_dir}")
-    from spade_async import train_cli
+    from spade_async.cli import train as train_cli
 
     argv = [str(recipe), "--run-dir", args.run_dir]
     if args.learning and not any(o.startswith("model=") for o in args.overrides):

@@ -14,10 +14,10 @@ from spade_async.errors import SpadeError
 COMMANDS = {
     "env": ("spade_async.envs.cli", "check generated or hand-written environments"),
     "memory": ("spade_async.memory.cli", "inspect, import and export the environment memory"),
-    "corpus": ("spade_async.corpus_cli", "sample grounding documents from a corpus"),
-    "train": ("spade_async.train_cli", "run SPADE, a baseline or an ablation from a recipe"),
+    "corpus": ("spade_async.cli.corpus", "sample grounding documents from a corpus"),
+    "train": ("spade_async.cli.train", "run SPADE, a baseline or an ablation from a recipe"),
     "dashboard": ("spade_async.telemetry.cli", "watch a run's metrics in the terminal"),
-    "demo": ("spade_async.demo", "run the demo on the embedded default model"),
+    "demo": ("spade_async.cli.demo", "run the demo on the embedded default model"),
     "eval": ("spade_async.eval.cli", "held-out evaluation on the paper's benchmarks"),
     "slurm": ("spade_async.launch.slurm", "print an sbatch script for a multi-node recipe"),
 }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spade_async import cycle
-from spade_async.runtime import Runtime
+from spade_async.loop import cycle
+from spade_async.loop.runtime import Runtime
 
 
 async def sync_step(rt: Runtime, window: cycle.Window) -> cycle.Window:

@@ -11,11 +11,11 @@ import signal
 
 import anyio
 
-from spade_async.cycle import Window
 from spade_async.eval.inloop import evaluator
+from spade_async.loop.cycle import Window
+from spade_async.loop.runtime import Runtime, open_runtime
 from spade_async.recipe import Config
 from spade_async.rundir import RunDir
-from spade_async.runtime import Runtime, open_runtime
 
 
 async def train(cfg: Config, run_dir: RunDir, *, handle_signals: bool = True) -> int:
@@ -46,11 +46,11 @@ async def train(cfg: Config, run_dir: RunDir, *, handle_signals: bool = True) ->
 
 async def _schedule(rt: Runtime, stop: anyio.Event) -> None:
     if rt.cfg.schedule == "async":
-        from spade_async.schedule_async import run_async
+        from spade_async.loop.schedule_async import run_async
 
         await run_async(rt, stop)
         return
-    from spade_async.schedule_sync import sync_step
+    from spade_async.loop.schedule_sync import sync_step
 
     window = Window()
     while rt.state.step < rt.cfg.max_steps and not stop.is_set():

@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
                 f"run directory '{run_dir.root}' exists but holds no config.toml; pick another --run-dir"
             )
         run_dir.create().write_config(cfg)
-    from spade_async.run import train
+    from spade_async.loop.run import train
 
     code = anyio.run(train, cfg, run_dir)
     print(f"run directory: {run_dir.root}  (metrics.jsonl, envs/, episodes/, checkpoints/, hf/)")

@@ -18,36 +18,17 @@ the loss. The pieces are the same functions the sync schedule calls (``cycle.py`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import anyio
-import msgspec
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from spade_async import cycle
-from spade_async.config import Doc
 from spade_async.errors import SpadeError
+from spade_async.loop import cycle
 from spade_async.roles.agent import EnvRef, Episode
 
 if TYPE_CHECKING:
-    from spade_async.runtime import Runtime
-
-
-class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    queue_groups: Doc(
-        int, "finished environment groups buffered for the trainer (backpressure; 0 = hand-off)"
-    ) = 0
-    groups_in_flight: Doc(int, "environment groups being played at once") = 8
-    groups_per_step: Doc(
-        int, "groups per trainer step; 0 = as many environments as a sync step plays"
-    ) = 0
-    pause_mode: Doc(
-        Literal["in_place", "abort", "retract"],
-        "engine pause around the engine-side weight update: retract requeues running requests "
-        "and flushes the KV cache, so no token reuses KV of older weights; in_place keeps "
-        "requests and their KV cache (no flush: later requests may reuse old-weight prefixes); "
-        "abort ends them",
-    ) = "retract"
+    from spade_async.loop.runtime import Runtime
 
 
 @dataclass

@@ -32,7 +32,7 @@ from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.client import TrainerDied
 
 if TYPE_CHECKING:
-    from spade_async.runtime import Runtime
+    from spade_async.loop.runtime import Runtime
 
 
 @dataclass
@@ -314,7 +314,7 @@ def score_designs(
 async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
     """Score the window's designer samples from the plays accumulated over it; the
     trainer samples (advantage x role-balance scale) and the mean designer reward."""
-    from spade_async.batcher import designer_samples
+    from spade_async.loop.batcher import designer_samples
 
     scored, rewards, adv, keep = score_designs(rt, window)
     for s, value in zip(scored, rewards, strict=True):
@@ -393,7 +393,7 @@ async def learn(
     """Everything after play, for both schedules: score -> agent (and, at the end of a
     regeneration window, designer) samples -> staleness filter -> train + push -> log ->
     checkpoint."""
-    from spade_async.batcher import agent_samples, drop_stale, trim_batch
+    from spade_async.loop.batcher import agent_samples, drop_stale, trim_batch
 
     cfg, st = rt.cfg, rt.state
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)

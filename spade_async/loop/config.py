@@ -1,0 +1,29 @@
+"""``pipeline`` settings of the async schedule (a leaf: ``recipe`` reads it without
+importing the loop)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from spade_async.config import Doc
+
+__all__ = ["PipelineConfig"]
+
+
+class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    queue_groups: Doc(
+        int, "finished environment groups buffered for the trainer (backpressure; 0 = hand-off)"
+    ) = 0
+    groups_in_flight: Doc(int, "environment groups being played at once") = 8
+    groups_per_step: Doc(
+        int, "groups per trainer step; 0 = as many environments as a sync step plays"
+    ) = 0
+    pause_mode: Doc(
+        Literal["in_place", "abort", "retract"],
+        "engine pause around the engine-side weight update: retract requeues running requests "
+        "and flushes the KV cache, so no token reuses KV of older weights; in_place keeps "
+        "requests and their KV cache (no flush: later requests may reuse old-weight prefixes); "
+        "abort ends them",
+    ) = "retract"
