@@ -112,7 +112,7 @@ def test_gpqa_from_a_user_file(tmp_path):
         i.answer for i in make_suite("gpqa_diamond", {"gpqa_diamond": str(path)}).load(0)
     ]
     for it in items:
-        assert f"({it.answer}) right" in it.messages[0]["content"]
+        assert f"\n{it.answer}. right\n" in it.messages[0]["content"]  # "A. option", the reference's
 
     async def score(text):
         return await suite.score(items[0], text, None)

@@ -12,10 +12,11 @@ import gzip
 import importlib.resources
 import io
 import json
+import re
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
-from spade_async.eval.extract import last_code_block
+from spade_async.eval.extract import code_blocks
 from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.code_env import SOURCE
 from spade_async.eval.types import Item, Sampling
@@ -39,15 +40,24 @@ async def run_tests(ctx: Context, prefix: str, tests: list[dict]) -> tuple[float
 
 
 def _program(item: Item, completion: str) -> str | None:
-    code = last_code_block(completion)
-    if code is None:
+    """The program a completion stands for: the prompt (its imports and helper functions,
+    e.g. HumanEval/10's ``is_palindrome``) followed by the code. Of several fenced blocks
+    (```` ```python ````, ```` ```python3 ````, untagged) the last one that defines the
+    entry function is the solution (a usage example may follow it); a body-only block
+    continues the prompt's function; a whole function redefines the prompt's stub (whose
+    docstring-only body is valid Python)."""
+    blocks = code_blocks(completion)
+    if not blocks:
         return None
+    entry = item.meta.get("entry_point")
     prompt = item.meta.get("prompt_code", "")
-    if item.meta.get("entry_point") and f"def {item.meta['entry_point']}" not in code:
-        return prompt + code  # a body-only completion continues the prompt
-    # a whole function: keep the prompt's imports (``List`` etc.), as the prompt had them
-    imports = [ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))]
-    return "\n".join(imports) + ("\n\n" if imports else "") + code
+    defines = re.compile(rf"^\s*def\s+{re.escape(entry)}\s*\(", re.M) if entry else None
+    if defines is None:
+        return blocks[-1]
+    whole = [b for b in blocks if defines.search(b)]
+    if whole:
+        return prompt + "\n\n" + whole[-1]
+    return prompt + blocks[-1]  # a body-only completion continues the prompt
 
 
 class HumanEval(Suite):
