@@ -26,6 +26,21 @@ top_p 0.95, 16,384 tokens.
 Grading: every sample is an episode of ``lcb_env.SOURCE`` on a fresh worker of the package
 pool (``nvidia-livecodebench`` and numpy bound read-only), one step per test, stopping at
 the first failure as ``run_test`` does; timeout 6 s per test (LiveCodeBench's default).
+
+Against the lcb_runner commit the reference pins (28fef95, ``scripts/setup_lcb.sh``; that
+commit is not in our index, the stored upstream ``lcb_runner/evaluation/testing_util.py``
+at 15808c76 was compared): ``nvidia-livecodebench`` 26.3's ``testing_util.py`` has the same
+``import_string`` (with ``sys.setrecursionlimit(50000)``), ``clean_if_name``,
+``make_function``, ``call_method`` (``SystemExit`` passed over), ``compile_code``,
+``grade_call_based`` (tuple -> list), ``grade_stdio`` (stripped lines, then ``Decimal``
+tokens), ``run_test(timeout=6)`` and ``reliability_guard``; its
+``compute_code_generation_metrics`` the same ``set_int_max_str_digits(50000)`` and global
+timeout. What differs here, by construction: the global bound is the pool's per-call
+timeout (10 s) per test instead of ``(6 + 1) * tests + 5`` s for the whole run (only a
+program that catches LiveCodeBench's alarm exception and keeps running can tell); the
+worker's address space is capped (the package pool's 2,048 MB; LiveCodeBench sets none);
+and the sandbox has no network, no writable files outside its tmpfs and no process
+creation (LiveCodeBench disables ``os.fork``/``subprocess.Popen`` itself as well).
 """
 
 from __future__ import annotations
