@@ -70,6 +70,7 @@ CASES = [
         "import sys\na, b = map(int, sys.stdin.readline().split())\nprint(a + b)",
         1.0,
     ),
+    ("three_point_zero", [("1\n", "3\n")], None, "input()\nprint(3.0)", 1.0),
     ("float_for_int", HALF, None, "n = int(input())\nprint(n / 2)", 1.0),  # 2.0 for 2
     (
         "inner_spaces_numbers",
