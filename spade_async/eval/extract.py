@@ -112,6 +112,14 @@ _LINE = re.compile(
     + r"[\*_\s]*[\(\[]?\s*[\*_]*([A-D])[\*_]*\s*[\)\]]?[\*_\s.]*$",
     re.I | re.M,
 )
+# "Option C is correct", "(B) is the right answer", "I choose D", "I'll go with option A"
+_VERDICT = re.compile(
+    r"(?:\b(?:option|choice)\s+)?\(?\b([A-D])\)?\s+is\s+(?:the\s+)?(?:correct|right|best)\b"
+    r"|\bI(?:\s+would|\s+will|'ll|'d)?\s+(?:choose|pick|select|go\s+with)\s+"
+    + _CHOICE_WORD
+    + r"\(?([A-D])\b(?!['-])",
+    re.I,
+)
 _BOX_LETTER = re.compile(r"^(?:option\s+|choice\s+)?\(?([A-D])\)?(?:[.:)]\s*(.*))?$", re.I | re.S)
 _MORE_LETTERS = re.compile(r"(?:\band\b|\bor\b|&|,|/|\+)\s*\(?[A-D]\b|\([A-D]\)")
 
@@ -139,19 +147,20 @@ def _letters_in(text: str, letters: str) -> list[tuple[int, str]]:
             found.append((pos, letter))
         else:
             found.append((pos, ""))  # a box that names no single option still counts as final
-    for pat in (_PHRASE, _LINE):
+    for pat in (_PHRASE, _LINE, _VERDICT):
         for m in pat.finditer(text):
-            letter = m.group(1)
+            group = next(g for g in range(1, (pat.groups or 0) + 1) if m.group(g) is not None)
+            letter = m.group(group)
             if letter.isupper() and letter in letters:  # "answer a question" is not option A
-                found.append((m.start(1), letter))
+                found.append((m.start(group), letter))
     return sorted(found)
 
 
 def extract_letter(text: str, letters: str = "ABCD") -> str | None:
     """The multiple-choice letter a careful reader takes as the final answer: the last of
     ``\\boxed{C}`` (also ``\\boxed{\\text{C}}``, ``\\boxed{(C)}``, ``\\boxed{C. text}``),
-    "the answer is (C)" / "the answer is definitely C" / "Answer: **C**", or a last line that
-    is only the letter (``**D**``, ``**(C)**``), looked for after the last ``</think>`` first
+    "the answer is (C)" / "the answer is definitely C" / "Answer: **C**", "Option C is
+    correct" / "I choose C", or a last line that is only the letter (``**D**``, ``**(C)**``), looked for after the last ``</think>`` first
     (a final answer beats a box inside the thinking). The option letter is a capital: the
     word "a" is never option A. A box naming no single option (``\\boxed{B and D}``), if it
     is the last candidate, gives None."""

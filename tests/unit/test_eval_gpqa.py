@@ -46,6 +46,13 @@ CASES = [
     ("Thus the final answer is $\\boxed{\\text{(C)}}$.", "C", None),
     ("I put my answer within \\boxed{} as asked: \\boxed{A}", "A", "A"),
     ("Therefore, the answer is: D", "D", None),
+    ("Checking each one, option C is correct.", "C", None),
+    ("(B) is the right answer here.", "B", None),
+    ("After weighing them, I choose D.", "D", None),
+    ("I'll go with option A", "A", None),
+    ("ANSWER: C", "C", "C"),
+    ("The correct answer is **C**.", "C", None),
+    ("Option A is wrong and B is wrong, so the answer is D.", "D", "D"),
     ("The answer is C. To answer a follow-up you might have: the rate doubles.", "C", "C"),
 ]
 
