@@ -228,11 +228,12 @@ def lcb_runner_verdicts(cases) -> list[float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _row(qid, tests, fn, date="2025-03-01"):
+def _row(qid, tests, fn, date="2025-03-01", difficulty="easy"):
     typ = F if fn else "stdin"
     cases = [{"input": i, "output": o, "testtype": typ} for i, o in tests]
     blob = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases[1:])))).decode()
     return {"question_id": qid, "question_content": f"Problem {qid}.", "contest_date": date,
+            "difficulty": difficulty,
             "starter_code": "class Solution:\n    pass" if fn else "",
             "public_test_cases": json.dumps(cases[:1]), "private_test_cases": blob,
             "metadata": json.dumps({"func_name": fn} if fn else {})}  # fmt: skip
@@ -354,3 +355,18 @@ def test_lcb_bad_row_is_one_line_naming_file_line_and_field(tmp_path, field, val
         make_suite("livecodebench", {"livecodebench": str(f)}).load(0)
     msg = str(err.value)
     assert "\n" not in msg and f"{f}:2" in msg and field in msg
+
+
+def test_lcb_metrics_per_difficulty(tmp_path):
+    from spade_async.eval.types import Sample
+
+    f = tmp_path / "test.jsonl"
+    f.write_text("".join(json.dumps(_row(q, STDIN_SUM, None, difficulty=d)) + "\n"
+                         for q, d in [("e1", "easy"), ("e2", "easy"), ("h1", "hard")]))  # fmt: skip
+    suite = make_suite("livecodebench", {"livecodebench": str(f)})
+    suite.load(0)
+    samples = [Sample(id=i, sample=0, prompt="", completion="", answer="", extracted=None, score=s)
+               for i, s in [("e1", 1.0), ("e2", 0.0), ("h1", 1.0)]]  # fmt: skip
+    m = suite.metrics(samples, 1)
+    assert list(m)[0] == "avg@1" and m["pass@1"] == pytest.approx(2 / 3, abs=1e-12)
+    assert m["pass@1_easy"] == 0.5 and m["pass@1_hard"] == 1.0 and "pass@1_medium" not in m

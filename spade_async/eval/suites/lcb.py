@@ -60,9 +60,10 @@ from pathlib import Path
 
 from spade_async.envs.process import EnvError
 from spade_async.errors import SpadeError
+from spade_async.eval.metrics import suite_metrics
 from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.lcb_env import SOURCE
-from spade_async.eval.types import Item, Sampling
+from spade_async.eval.types import Item, Sample, Sampling
 
 __all__ = ["LiveCodeBench", "grade", "lcb_prompt", "select_files"]
 
@@ -210,6 +211,7 @@ class LiveCodeBench(Suite):
         self.end: date | None = None
         self.style = "lcb"
         self.notes: list[str] = []
+        self.difficulty: dict[str, str] = {}
 
     def configure(self, options: dict[str, str]) -> None:
         for key, value in options.items():
@@ -251,6 +253,7 @@ class LiveCodeBench(Suite):
                     item = self._item(f, n, line)
                     if item is not None:
                         items.append(item)
+        self.difficulty = {i.id: str(i.meta.get("difficulty") or "") for i in items}
         window = (
             f" from {self.start or '...'} to {self.end or '...'}" if self.start or self.end else ""
         )
@@ -303,6 +306,16 @@ class LiveCodeBench(Suite):
             meta={"tests": tests, "func_name": (meta or {}).get("func_name"),
                   "difficulty": row.get("difficulty"), "contest_date": when},
         )  # fmt: skip
+
+    def metrics(self, samples: list[Sample], k: int) -> dict[str, float]:
+        """avg@k, pass@k; then pass@1 per difficulty (``pass@1_easy`` ...), as LiveCodeBench's
+        ``compute_scores`` and the reference report them."""
+        out = suite_metrics(samples, k=k, majority=False)
+        for level in ("easy", "medium", "hard"):
+            part = [s for s in samples if self.difficulty.get(s.id) == level]
+            if part:
+                out[f"pass@1_{level}"] = suite_metrics(part, k=1, majority=False)["pass@1"]
+        return out
 
     async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
         code = extract(completion, self.style)
