@@ -370,3 +370,13 @@ def test_lcb_metrics_per_difficulty(tmp_path):
     m = suite.metrics(samples, 1)
     assert list(m)[0] == "avg@1" and m["pass@1"] == pytest.approx(2 / 3, abs=1e-12)
     assert m["pass@1_easy"] == 0.5 and m["pass@1_hard"] == 1.0 and "pass@1_medium" not in m
+
+
+def test_lcb_with_test6_alone_points_at_the_reference_s_release(tmp_path):
+    (tmp_path / "test6.jsonl").write_text(json.dumps(_row("q", STDIN_SUM, None)) + "\n")
+    with pytest.raises(SpadeError, match="livecodebench.release=v6"):
+        make_suite("livecodebench", {"livecodebench": str(tmp_path)}).load(0)
+    suite = make_suite(
+        "livecodebench", {"livecodebench": str(tmp_path), "livecodebench.release": "v6"}
+    )
+    assert [i.id for i in suite.load(0)] == ["q"]

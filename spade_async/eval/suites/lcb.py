@@ -240,8 +240,14 @@ class LiveCodeBench(Suite):
         names = select_files(self.release)
         missing = [n for n in names if not (p / n).is_file()]
         if missing:
+            hint = (
+                "; with test6.jsonl alone use --data livecodebench.release=v6 (the reference's set)"
+                if (p / "test6.jsonl").is_file() and self.release != "v6"
+                else ""
+            )
             raise SpadeError(
-                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}"
+                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected "
+                f"{LCB_FORMAT}{hint}"
             )
         return [p / n for n in names]
 
