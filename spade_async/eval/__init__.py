@@ -1,6 +1,7 @@
 """Held-out evaluation: suites (loader, prompt, extractor, scorer), metrics, ``spade eval``.
 
-    suites/    one module per family: math (AIME), code (HumanEval, LiveCodeBench), rg
+    suites/    one module per family: math (AIME), code (HumanEval), lcb (LiveCodeBench,
+               graded by its own testing_util in the sandbox), rg
                (reasoning-gym), bfcl (BFCL-v4 multi-turn), files (GPQA), acebench
                (ACEBench-Agent, from the user's checkout, with a user simulator)
     runner     plays every (item, sample) concurrently through a ``Generator``

