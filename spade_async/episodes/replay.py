@@ -1,0 +1,182 @@
+"""Re-run recorded episodes in the sandbox pool and compare every observation and reward.
+
+A record replays *exactly* when the environment's current source has the recorded hash,
+``reset(seed)`` gives the recorded first observation, and each recorded action gives the
+recorded observation, reward and (terminated, truncated); an episode the environment
+failed must fail again with the same error kind at the same call. Anything else is a
+mismatch naming the first call that differs. The source comes from the run's memory
+(``memory.lmdb``), else ``envs/<id>.py``; the pool is configured by the run's
+``config.toml`` (``envs``), as in training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import msgspec
+
+from spade_async.envs.pool import EnvError, EnvPool, PoolConfig
+from spade_async.episodes.records import EpisodeRecord, code_sha256
+from spade_async.roles.agent import obs_hash
+
+Verdict = Literal["exact", "mismatch", "no_code", "code_changed"]
+SUMMARY_FILE = "replay.json"
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    env_id: str
+    verdict: Verdict
+    call: int | None = None  # first call that differs: 0 = reset, k = the k-th step
+    detail: str = ""
+
+    @property
+    def exact(self) -> bool:
+        return self.verdict == "exact"
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    checked: int
+    exact: int
+    share: float
+    by_verdict: dict[str, int]
+    flagged_envs: dict[str, int]  # memory environments with episodes that no longer replay
+    outcomes: list[Outcome]
+
+
+def sources(run_dir: Path) -> Callable[[str], str | None]:
+    """env_id -> the source the run holds for it (memory first, then ``envs/<id>.py``)."""
+    store = None
+    if (run_dir / "memory.lmdb" / "data.mdb").is_file():
+        from spade_async.memory.store import MemoryStore
+
+        store = MemoryStore(run_dir / "memory.lmdb", readonly=True)
+    cache: dict[str, str | None] = {}
+
+    def get(env_id: str) -> str | None:
+        if env_id not in cache:
+            rec = store.get(env_id) if store is not None else None
+            path = run_dir / "envs" / f"{Path(env_id).name}.py"
+            if rec is not None:
+                cache[env_id] = rec.code
+            elif path.is_file():
+                cache[env_id] = path.read_text(errors="replace")
+            else:
+                cache[env_id] = None
+        return cache[env_id]
+
+    get.close = store.close if store is not None else (lambda: None)  # type: ignore[attr-defined]
+    return get
+
+
+def pool_config(run_dir: Path) -> PoolConfig:
+    """The run's sandbox settings (``envs``), few workers; defaults for an unreadable config."""
+    cfg = PoolConfig()
+    with contextlib.suppress(Exception):  # an older or foreign config: the defaults
+        from spade_async import recipe
+
+        cfg = recipe.load(run_dir / "config.toml", []).envs
+    return msgspec.structs.replace(cfg, prewarm=0, max_workers=min(cfg.max_workers, 4))
+
+
+async def replay_one(pool: EnvPool, rec: EpisodeRecord, source: str | None) -> Outcome:
+    def out(verdict: Verdict, call: int | None = None, detail: str = "") -> Outcome:
+        return Outcome(id=rec.id, env_id=rec.env_id, verdict=verdict, call=call, detail=detail)
+
+    if source is None:
+        return out("no_code", detail="the run holds no source for this environment")
+    if code_sha256(source) != rec.code_sha256:
+        return out("code_changed", detail="the stored source differs from the one played")
+    done = 0  # observation calls completed (reset = 1, then one per step)
+    inst = None
+    try:
+        inst = await pool.open(source, env_id=rec.env_id)
+        obs, _ = await pool.reset(inst, rec.seed)
+        if not rec.obs_hashes:
+            return out("mismatch", 0, "the run's reset failed; the replay's succeeded")
+        if obs_hash(obs) != rec.obs_hashes[0]:
+            return out("mismatch", 0, "reset observation differs")
+        done = 1
+        if rec.setting == "tool_use":
+            await pool.get_tools(inst)  # the loop asks for the tools before the first step
+        for k, action in enumerate(rec.actions, start=1):
+            obs, reward, term, trunc, _ = await pool.step(inst, action)
+            if k >= len(rec.obs_hashes):
+                return out("mismatch", k, "the run's step failed here; the replay's succeeded")
+            if obs_hash(obs) != rec.obs_hashes[k]:
+                return out("mismatch", k, "observation differs")
+            if float(reward) != rec.step_rewards[k - 1]:
+                return out(
+                    "mismatch", k, f"reward {reward!r} != recorded {rec.step_rewards[k - 1]!r}"
+                )
+            if (bool(term), bool(trunc)) != tuple(rec.step_flags[k - 1]):
+                return out("mismatch", k, "terminated/truncated differ")
+            done = k + 1
+    except EnvError as exc:
+        if rec.error_kind == exc.kind and done == len(rec.obs_hashes):
+            return out("exact")
+        return out("mismatch", done, f"replay raised {exc.kind}: {exc.message[:200]}")
+    finally:
+        if inst is not None:
+            await pool.close(inst)
+    if rec.error_kind:
+        return out("mismatch", done, f"the run ended in {rec.error_kind}; the replay did not")
+    return out("exact")
+
+
+async def replay_records(
+    run_dir: Path, records: list[EpisodeRecord], *, concurrency: int = 4,
+    config: PoolConfig | None = None,
+) -> list[Outcome]:  # fmt: skip
+    """Replay ``records`` (in order of the result) in one pool."""
+    get = sources(run_dir)
+    results: list[Outcome | None] = [None] * len(records)
+    limiter = anyio.CapacityLimiter(max(1, concurrency))
+    try:
+        async with EnvPool(config or pool_config(run_dir)) as pool:
+
+            async def one(i: int, rec: EpisodeRecord) -> None:
+                async with limiter:
+                    results[i] = await replay_one(pool, rec, get(rec.env_id))
+
+            async with anyio.create_task_group() as tg:
+                for i, rec in enumerate(records):
+                    tg.start_soon(one, i, rec)
+    finally:
+        get.close()  # type: ignore[attr-defined]
+    return [r for r in results if r is not None]
+
+
+def summarize(outcomes: list[Outcome]) -> Summary:
+    exact = sum(o.exact for o in outcomes)
+    flagged = Counter(o.env_id for o in outcomes if not o.exact)
+    return Summary(
+        checked=len(outcomes),
+        exact=exact,
+        share=exact / len(outcomes) if outcomes else 0.0,
+        by_verdict=dict(Counter(o.verdict for o in outcomes)),
+        flagged_envs=dict(flagged),
+        outcomes=outcomes,
+    )
+
+
+def write_summary(run_dir: Path, summary: Summary) -> Path:
+    from spade_async.rundir import write_atomic
+
+    path = run_dir / "episodes" / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(summary)))
+    return path
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    path = run_dir / "episodes" / SUMMARY_FILE
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Summary)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
