@@ -13,6 +13,9 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   idle_s/<stage>             float  stage had work in flight / had none; stage: engine, trainer,
                                     env_pool. Cumulative so a lost record loses nothing: the
                                     dashboard takes differences for the last interval.
+                                    Phases (spade report, telemetry/phases.py): train and
+                                    push split the trainer's busy time (train steps, weight
+                                    pushes); env_pool also holds designer validation.
   stream/<name>/fill         int    items queued right now in a bounded stream ...
   stream/<name>/capacity     int    ... and its bound (a full or empty stream shows a stall)
   designer/generated         int    cumulative designer generations judged
@@ -24,6 +27,8 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   regret/values              list   raw regrets of the environments scored this step
   win_rate/values            list   raw no-hint win rates of the same environments
   regret/hist                list   optional: bin counts over [0, 1] instead of raw values
+  train/mismatch_kl          float  KL(engine || trainer) of the sampled tokens before the
+                                    update (k3 estimator); train/mismatch_max: max |d log p|
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory
@@ -252,7 +257,7 @@ class Meters:
 
     def __init__(
         self,
-        stages: tuple[str, ...] = ("engine", "trainer", "env_pool"),
+        stages: tuple[str, ...] = ("engine", "trainer", "env_pool", "train", "push"),
         roles: tuple[str, ...] = ("designer", "hint", "agent", "trainer"),
         *,
         clock=time.monotonic,
