@@ -22,6 +22,8 @@ plt.rcParams.update({
     "svg.fonttype": "none",
     "svg.hashsalt": "spade-report",
     "font.size": 9,
+    "font.family": "sans-serif",
+    "font.sans-serif": ["DejaVu Sans"],  # ships with matplotlib: the same page everywhere
     "axes.spines.top": False,
     "axes.spines.right": False,
     "axes.grid": True,
@@ -52,7 +54,7 @@ def lines(
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    if len(data) > 1:
+    if data:
         ax.legend(fontsize=8, frameon=False)
     return _svg(fig)
 

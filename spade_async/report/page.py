@@ -200,6 +200,8 @@ def s_eval(run: D.Run) -> str:
 
 def s_replay(run: D.Run) -> str:
     rs = D.replay_share(run)
+    if rs is None and not run.episodes:
+        return note("no episode records (episodes/records.jsonl): nothing to replay")
     if rs is None:
         return note(f"{len(run.episodes)} episode(s) recorded, replay not checked yet: "
                     f"spade episode replay {run.root} --all")  # fmt: skip

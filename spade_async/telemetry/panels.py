@@ -86,6 +86,10 @@ _PHASE_STYLE = {"generation": "cyan", "env execution": "yellow", "training": "gr
                 "weight push": "magenta", "checkpoint, other": "blue", "busy (unsplit)": "green"}  # fmt: skip
 
 
+_SHORT = {"generation": "gen", "env execution": "env", "training": "train", "weight push": "push",
+          "checkpoint, other": "other", "busy (unsplit)": "busy"}  # fmt: skip
+
+
 def phases(st: Any) -> Panel | None:
     """Live: each component's phases as a share of the last interval's wall time."""
     from spade_async.telemetry.phases import phase_shares
@@ -104,8 +108,10 @@ def phases(st: Any) -> Panel | None:
             line.append("█" * n, style=_PHASE_STYLE.get(phase, "white"))
             used += n
         line.append("·" * (width - used), style="dim")
-        busy = ", ".join(f"{p} {v:.0%}" for p, v in parts.items() if p != "idle" and v >= 0.005)
-        t.add_row(comp, line)
+        busy = " ".join(
+            f"{_SHORT.get(p, p)} {v:.0%}" for p, v in parts.items() if p != "idle" and v >= 0.005
+        )
+        t.add_row(comp.replace("sandbox ", ""), line)
         t.add_row("", Text(busy or "idle", style="dim"))
     return Panel(t, title="phase shares (last interval)", title_align="left")
 
