@@ -15,12 +15,14 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
 from spade_async.errors import UsageError
 
 RECORDS_FILE = "records.jsonl"
+SUMMARY_FILE = "replay.json"  # the last ``spade episode replay --all``
 RECORD_VERSION = 1
 
 
@@ -128,3 +130,45 @@ def find(run_dir: str | Path, episode_id: str) -> EpisodeRecord:
     if len(hits) > 1:
         raise UsageError(f"episode id '{episode_id}' is ambiguous; give more characters")
     return hits[0]
+
+
+# -- replay results (spade_async.episodes.replay writes them; spade report reads) -----
+Verdict = Literal["exact", "mismatch", "no_code", "code_changed"]
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    env_id: str
+    verdict: Verdict
+    call: int | None = None  # first call that differs: 0 = reset, k = the k-th step
+    detail: str = ""
+
+    @property
+    def exact(self) -> bool:
+        return self.verdict == "exact"
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    checked: int
+    exact: int
+    share: float
+    by_verdict: dict[str, int]
+    flagged_envs: dict[str, int]  # memory environments with episodes that no longer replay
+    outcomes: list[Outcome]
+
+
+def write_summary(run_dir: Path, summary: Summary) -> Path:
+    from spade_async.rundir import write_atomic
+
+    path = run_dir / "episodes" / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(summary)))
+    return path
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    path = run_dir / "episodes" / SUMMARY_FILE
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Summary)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None

@@ -15,38 +15,24 @@ import contextlib
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 import anyio
 import msgspec
 
 from spade_async.envs.pool import EnvError, EnvPool, PoolConfig
-from spade_async.episodes.records import EpisodeRecord, code_sha256
+from spade_async.episodes.records import (
+    EpisodeRecord,
+    Outcome,
+    Summary,
+    Verdict,
+    code_sha256,
+    read_summary,
+    write_summary,
+)
 from spade_async.roles.agent import obs_hash
 
-Verdict = Literal["exact", "mismatch", "no_code", "code_changed"]
-SUMMARY_FILE = "replay.json"
-
-
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    env_id: str
-    verdict: Verdict
-    call: int | None = None  # first call that differs: 0 = reset, k = the k-th step
-    detail: str = ""
-
-    @property
-    def exact(self) -> bool:
-        return self.verdict == "exact"
-
-
-class Summary(msgspec.Struct, kw_only=True):
-    checked: int
-    exact: int
-    share: float
-    by_verdict: dict[str, int]
-    flagged_envs: dict[str, int]  # memory environments with episodes that no longer replay
-    outcomes: list[Outcome]
+__all__ = ["Outcome", "Summary", "read_summary", "replay_one", "replay_records", "summarize",
+           "write_summary"]  # fmt: skip
 
 
 def sources(run_dir: Path) -> Callable[[str], str | None]:
@@ -163,20 +149,3 @@ def summarize(outcomes: list[Outcome]) -> Summary:
         flagged_envs=dict(flagged),
         outcomes=outcomes,
     )
-
-
-def write_summary(run_dir: Path, summary: Summary) -> Path:
-    from spade_async.rundir import write_atomic
-
-    path = run_dir / "episodes" / SUMMARY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, msgspec.json.format(msgspec.json.encode(summary)))
-    return path
-
-
-def read_summary(run_dir: Path) -> Summary | None:
-    path = run_dir / "episodes" / SUMMARY_FILE
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=Summary)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None

@@ -137,7 +137,7 @@ async def solution_rewards(records: list[EnvRecord], seeds: dict[str, list[int]]
 
 def _flagged(run_dir: Path) -> dict[str, int]:
     """env id -> episodes of it that no longer replay, for every environment checked."""
-    from spade_async.episodes.replay import read_summary
+    from spade_async.episodes.records import read_summary
 
     s = read_summary(run_dir)
     if s is None:

@@ -145,8 +145,7 @@ def _load_memory(run: Run) -> None:
 
 
 def _load_episodes(run: Run) -> None:
-    from spade_async.episodes.records import read_records
-    from spade_async.episodes.replay import read_summary
+    from spade_async.episodes.records import read_records, read_summary
 
     run.episodes, bad = read_records(run.root)
     if not run.episodes:
