@@ -94,8 +94,21 @@ def append(run_dir: str | Path, records: list[EpisodeRecord]) -> None:
         os.close(fd)
 
 
-def log_episode(rt, env, ep) -> EpisodeRecord:
-    """The loop's side: record ``ep`` (played on ``env``, an ``EnvRef``) in ``rt``'s run."""
+def chosen(env_id: str, seed: int, share: float) -> bool:
+    """Whether an episode is recorded at ``share`` < 1: a hash of environment and seed, so
+    the choice draws nothing from the run's random generator (the run stays the same)."""
+    if share >= 1.0:
+        return True
+    h = hashlib.sha256(f"{env_id}:{seed}".encode()).digest()
+    return int.from_bytes(h[:8], "big") < share * 2**64
+
+
+def log_episode(rt, env, ep) -> EpisodeRecord | None:
+    """The loop's side: record ``ep`` (played on ``env``, an ``EnvRef``) in ``rt``'s run,
+    if ``telemetry.replay_records`` chooses it."""
+    share = getattr(getattr(rt.cfg, "telemetry", None), "replay_records", 1.0)
+    if not chosen(ep.env_id, ep.seed, share):
+        return None
     rec = make_record(ep, step=rt.state.step, source=env.source, setting=env.setting)
     append(rt.run_dir.root, [rec])
     return rec

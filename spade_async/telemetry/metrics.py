@@ -103,10 +103,19 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     wandb: Doc(bool, "also log to Weights & Biases (if installed)") = False
     wandb_project: Doc(str, "Weights & Biases project name") = "spade-async"
     episodes_per_step: Doc(int, "episode transcripts saved to RUN_DIR/episodes per step") = 2
+    replay_records: Doc(
+        float,
+        "share of agent episodes recorded for replay in RUN_DIR/episodes/records.jsonl "
+        "(chosen by a hash of environment and seed); 1 = every episode, 0 = none",
+    ) = 1.0
 
     def __post_init__(self) -> None:
         if not self.refresh_hz > 0:
             raise ValueError(f"telemetry.refresh_hz = {self.refresh_hz}: must be > 0, e.g. 4")
+        if not 0.0 <= self.replay_records <= 1.0:
+            raise ValueError(
+                f"telemetry.replay_records = {self.replay_records}: must be in [0, 1], e.g. 1.0"
+            )
         if self.episodes_per_step < 0:
             raise ValueError(
                 f"telemetry.episodes_per_step = {self.episodes_per_step}: must be >= 0"

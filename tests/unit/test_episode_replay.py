@@ -183,3 +183,19 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, capsys):
     path.write_bytes(b'{"id": "x"')
     assert R.read_records(tmp_path / "run") == ([], 1)
     assert summarize([]).share == 0.0
+
+
+def test_replay_records_share_chooses_by_environment_and_seed(tmp_path):
+    share = [R.chosen("e" * 64, seed, 0.25) for seed in range(4000)]
+    assert 0.22 < sum(share) / len(share) < 0.28  # binomial sd 0.007
+    assert share == [R.chosen("e" * 64, seed, 0.25) for seed in range(4000)]  # deterministic
+    assert all(R.chosen("x", s, 1.0) for s in range(50))
+    assert not any(R.chosen("x", s, 0.0) for s in range(50))
+    cfg = recipe.load(None, ["telemetry.replay_records=0.0"])
+    rt = SimpleNamespace(cfg=cfg, state=SimpleNamespace(step=0),
+                         run_dir=RunDir(tmp_path / "r").create())  # fmt: skip
+    ep = SimpleNamespace(env_id="e", seed=1)
+    assert R.log_episode(rt, EnvRef("e", "src"), ep) is None
+    assert not R.records_path(rt.run_dir.root).exists()
+    with pytest.raises(Exception, match="replay_records"):
+        recipe.load(None, ["telemetry.replay_records=1.5"])
