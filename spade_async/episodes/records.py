@@ -146,7 +146,7 @@ def find(run_dir: str | Path, episode_id: str) -> EpisodeRecord:
 
 
 # -- replay results (spade_async.episodes.replay writes them; spade report reads) -----
-Verdict = Literal["exact", "mismatch", "no_code", "code_changed"]
+Verdict = Literal["exact", "mismatch", "no_code", "code_changed", "not_checked"]
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,6 +31,11 @@ from spade_async.episodes.records import (
 )
 from spade_async.roles.agent import obs_hash
 
+# failures of the pool, not of the episode's environment: an instance lost with a worker
+# that another episode of the same environment crashed, no free worker, a worker that did
+# not boot. A record cut by one replays up to the cut; a replay hit by one checked nothing.
+INTERRUPTED = frozenset({"lost", "busy", "boot"})
+
 __all__ = ["Outcome", "Summary", "read_summary", "replay_one", "replay_records", "summarize",
            "write_summary"]  # fmt: skip
 
@@ -91,6 +96,8 @@ async def replay_one(pool: EnvPool, rec: EpisodeRecord, source: str | None) -> O
         if rec.setting == "tool_use":
             await pool.get_tools(inst)  # the loop asks for the tools before the first step
         for k, action in enumerate(rec.actions, start=1):
+            if k >= len(rec.obs_hashes) and rec.error_kind in INTERRUPTED:
+                break  # the run's pool cut the episode here: the record ends, all of it matched
             obs, reward, term, trunc, _ = await pool.step(inst, action)
             if k >= len(rec.obs_hashes):
                 return out("mismatch", k, "the run's step failed here; the replay's succeeded")
@@ -106,11 +113,13 @@ async def replay_one(pool: EnvPool, rec: EpisodeRecord, source: str | None) -> O
     except EnvError as exc:
         if rec.error_kind == exc.kind and done == len(rec.obs_hashes):
             return out("exact")
+        if exc.kind in INTERRUPTED:  # the replay's own pool failed: nothing was compared
+            return out("not_checked", done, f"the replay's pool failed: {exc.message[:200]}")
         return out("mismatch", done, f"replay raised {exc.kind}: {exc.message[:200]}")
     finally:
         if inst is not None:
             await pool.close(inst)
-    if rec.error_kind:
+    if rec.error_kind and rec.error_kind not in INTERRUPTED:
         return out("mismatch", done, f"the run ended in {rec.error_kind}; the replay did not")
     return out("exact")
 
@@ -119,15 +128,19 @@ async def replay_records(
     run_dir: Path, records: list[EpisodeRecord], *, concurrency: int = 4,
     config: PoolConfig | None = None,
 ) -> list[Outcome]:  # fmt: skip
-    """Replay ``records`` (in order of the result) in one pool."""
+    """Replay ``records`` (results in their order) in one pool, ``concurrency`` episodes of
+    different environments at once."""
     get = sources(run_dir)
     results: list[Outcome | None] = [None] * len(records)
     limiter = anyio.CapacityLimiter(max(1, concurrency))
     try:
         async with EnvPool(config or pool_config(run_dir)) as pool:
+            # one environment's episodes one after another: they share its worker, and one
+            # that crashes it must not cut another short (the run's "lost" instances)
+            locks = {rec.env_id: anyio.Lock() for rec in records}
 
             async def one(i: int, rec: EpisodeRecord) -> None:
-                async with limiter:
+                async with limiter, locks[rec.env_id]:
                     results[i] = await replay_one(pool, rec, get(rec.env_id))
 
             async with anyio.create_task_group() as tg:

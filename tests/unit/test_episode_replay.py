@@ -68,7 +68,29 @@ class ScriptedClient:
         pass
 
 
-def _record_run(tmp_path, tokenizer_path, sources: list[str]) -> RunDir:
+CRASHY = """
+import os, time
+
+class CrashyEnv:
+    def __init__(self, max_turns=4, **kw):
+        self.t = 0
+
+    def reset(self, seed=None):
+        self.t = 0
+        self.seed = seed or 0
+        return f"seed {seed}", {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 2 and self.seed % 2:
+            os._exit(3)  # a crash on odd seeds
+        if self.t == 2:
+            time.sleep(30)  # a hang on even seeds: the call times out
+        return f"turn {self.t}", 0.0, False, False, {}
+"""
+
+
+def _record_run(tmp_path, tokenizer_path, sources: list[str], extra=()) -> RunDir:
     """A run directory whose memory holds ``sources`` and whose episodes the loop's own
     ``cycle.play`` recorded."""
     from transformers import AutoTokenizer
@@ -76,7 +98,7 @@ def _record_run(tmp_path, tokenizer_path, sources: list[str]) -> RunDir:
     cfg = recipe.load(
         None,
         ["agent.plays_nohint=3", "agent.plays_hint=2", "agent.max_turns=4", "envs.prewarm=0",
-         "envs.max_workers=4"],
+         "envs.max_workers=4", *extra],
     )  # fmt: skip
     run_dir = RunDir(tmp_path / "run").create()
     run_dir.write_config(cfg)
@@ -199,3 +221,24 @@ def test_replay_records_share_chooses_by_environment_and_seed(tmp_path):
     assert not R.records_path(rt.run_dir.root).exists()
     with pytest.raises(Exception, match="replay_records"):
         recipe.load(None, ["telemetry.replay_records=1.5"])
+
+
+def test_an_environment_that_crashed_or_hung_replays_its_failure(tmp_path, tokenizer_path):
+    one_at_a_time = ["envs.call_timeout_s=0.5", "max_concurrent_episodes=1"]
+    run = _record_run(tmp_path / "a", tokenizer_path, [CRASHY], extra=one_at_a_time)
+    recs, _ = R.read_records(run.root)
+    assert {r.error_kind for r in recs} == {"crash", "timeout"}, [r.error_kind for r in recs]
+    assert all(len(r.obs_hashes) == 2 and len(r.actions) == 2 for r in recs)
+    outcomes = anyio.run(lambda: replay_records(run.root, recs))
+    assert [o.verdict for o in outcomes] == ["exact"] * len(recs), outcomes
+    # a recorded failure that does not happen again is a mismatch at that call
+    fine = msgspec.structs.replace(recs[0], error_kind="", id="no-error")
+    (out,) = anyio.run(lambda: replay_records(run.root, [fine]))
+    assert (out.verdict, out.call) == ("mismatch", 2)  # the second step raised
+    # concurrent plays share the environment's worker: one crash loses the others' instances
+    # ("lost", the pool's doing); those records replay up to where they were cut
+    run = _record_run(tmp_path / "b", tokenizer_path, [CRASHY], extra=["envs.call_timeout_s=0.5"])
+    recs, _ = R.read_records(run.root)
+    assert "lost" in {r.error_kind for r in recs}, [r.error_kind for r in recs]
+    outcomes = anyio.run(lambda: replay_records(run.root, recs))
+    assert [o.verdict for o in outcomes] == ["exact"] * len(recs), outcomes
