@@ -35,6 +35,11 @@ Series = tuple[Sequence[float], Sequence[float]]
 SIZE = (6.0, 2.8)
 
 
+def _t(text: object) -> str:
+    """Run-supplied text as plain text: matplotlib reads ``$...$`` as mathtext."""
+    return str(text).replace("$", r"\$")
+
+
 def _svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
@@ -49,11 +54,11 @@ def lines(
 ) -> str:  # fmt: skip
     fig, ax = plt.subplots(figsize=SIZE)
     for label, (xs, ys) in data.items():
-        ax.plot(xs, ys, (style or {}).get(label, "-o"), label=label, markersize=3)
+        ax.plot(xs, ys, (style or {}).get(label, "-o"), label=_t(label), markersize=3)
     if logy and all(y > 0 for _, ys in data.values() for y in ys):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set(title=_t(title), xlabel=xlabel, ylabel=ylabel)
     if data:
         ax.legend(fontsize=8, frameon=False)
     return _svg(fig)
@@ -70,13 +75,13 @@ def stacked_shares(data: Mapping[str, Mapping[str, float]], *, title: str) -> st
         for phase, share in shares.items():
             color = colors.setdefault(phase, next(palette, "#999999"))
             ax.barh(row, share, left=left, color=color,
-                    label=phase if phase not in seen else None)  # fmt: skip
+                    label=_t(phase) if phase not in seen else None)  # fmt: skip
             if share >= 0.08:
                 ax.text(left + share / 2, row, f"{share:.0%}", ha="center", va="center",
                         fontsize=8)  # fmt: skip
             seen.add(phase)
             left += share
-    ax.set_yticks(range(len(data)), list(data))
+    ax.set_yticks(range(len(data)), [_t(k) for k in data])
     ax.set_xlim(0, 1)
     ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     ax.invert_yaxis()
@@ -89,7 +94,7 @@ def bars(counts: Mapping[str, float], *, title: str, ylabel: str = "") -> str:
     fig, ax = plt.subplots(figsize=(6.0, 0.5 + 0.3 * max(2, len(counts))))
     labels = list(counts)
     ax.barh(range(len(labels)), [counts[k] for k in labels], color="#4c72b0")
-    ax.set_yticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), [_t(k) for k in labels])
     for i, k in enumerate(labels):
         ax.text(counts[k], i, f" {counts[k]:g}", va="center", fontsize=8)
     ax.invert_yaxis()
@@ -111,7 +116,7 @@ def distributions(
             vals = list(by_window[skill][w])
             x = w + (j - (len(skills) - 1) / 2) * width
             ax.scatter([x] * len(vals), vals, s=10, alpha=0.6, color=f"C{j}",
-                       label=skill if w == wins[0] else None)  # fmt: skip
+                       label=_t(skill) if w == wins[0] else None)  # fmt: skip
             if vals:
                 ax.hlines(sum(vals) / len(vals), x - width / 2, x + width / 2, color=f"C{j}")
     ax.set(title=title, ylabel=ylabel, xlabel=f"window ({window} step(s) each)")
@@ -133,7 +138,7 @@ def compare_intervals(rows: Sequence[dict], labels: tuple[str, str]) -> str:
             if not math.isnan(mean):
                 ax.errorbar([i], [mean], yerr=[[mean - lo], [hi - mean]], fmt="o",
                             color=f"C{i}", capsize=4)  # fmt: skip
-        ax.set_xticks([0, 1], labels)
+        ax.set_xticks([0, 1], [_t(x) for x in labels])
         ax.set_xlim(-0.6, 1.6)
-        ax.set_title(row["metric"], fontsize=8)
+        ax.set_title(_t(row["metric"]), fontsize=8)
     return _svg(fig)

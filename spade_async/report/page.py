@@ -181,7 +181,8 @@ def s_archive(run: D.Run) -> str:
                 if hasattr(x, "id") else f"<code>{esc(str(x)[:12])}</code> (not in memory)"
                 for x in shown
             ) or "(none: memory off or empty)"  # fmt: skip
-            rows.append([f"<code>{esc(rec.id[:12])}</code>", esc(rec.status), esc(rec.skill),
+            rows.append([f"<code>{esc(rec.id[:12])}</code> {esc(rec.env_class or '')}",
+                         esc(rec.status), esc(rec.skill),
                          f"v{esc(rec.origin.policy_version)}", names])  # fmt: skip
         out += table(["environment", "status", "skill", "written by", "shown"], rows, raw=True)
     return out

@@ -148,7 +148,8 @@ def test_lineage_and_eval_and_compare(run_copy, tmp_path):
         shown = [r.id for r in list(store.records())[:2]]
         code = "class NewEnv:\n    def reset(self, seed=None):\n        return 'x', {}\n"
         rec = make_record(code, origin=Origin(kind="designer", policy_version=1), valid=True,
-                          stage="ok", skill="Optimization", shown=shown + ["f" * 64])  # fmt: skip
+                          stage="ok", skill="Opt<script>$x^{$", env_class="A<b>Env",
+                          shown=shown + ["f" * 64])  # fmt: skip
         store.put(rec)
     with open(run_copy / "metrics.jsonl", "a") as f:
         for v, score in ((0, 0.25), (2, 0.5)):
@@ -161,6 +162,12 @@ def test_lineage_and_eval_and_compare(run_copy, tmp_path):
     assert D.eval_table(run) == {"countdown/avg@1": {0: 0.25, 2: 0.5}}
     page = render(run)
     assert "(not in memory)" in page and shown[0][:12] in page and "v2" in page
+    # run-supplied text is escaped (HTML) and never mathtext (figures)
+    i = page.find("<script")
+    assert i < 0, page[i - 300 : i + 50]
+    assert "Opt&lt;script&gt;$x^{$" in page, [m.start() for m in re.finditer("Opt&lt;", page)]
+    assert "A&lt;b&gt;Env" in page
+    assert "could not be drawn" not in page
     other = D.load_run(FIXTURE)
     rows = D.compare_rows(run, other)
     agent = next(r for r in rows if r["metric"] == "agent reward (mean)")
