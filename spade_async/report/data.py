@@ -219,6 +219,21 @@ def skill_windows(run: Run) -> dict[str, dict[int, dict[str, list[float]]]]:
     return {k: dict(v) for k, v in out.items()}
 
 
+def step_windows(run: Run) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """The same cells from the step records' ``regret/values`` and ``win_rate/values``
+    (all skills together): for runs without episode records (an older version)."""
+    w = window_size(run)
+    cells: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"regret": [], "win_rate": []})
+    for r in run.steps:
+        for key, name in (("regret/values", "regret"), ("win_rate/values", "win_rate")):
+            vals = r.get(key)
+            if isinstance(vals, list):
+                cells[(r["step"] - 1) // w][name] += [
+                    float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)
+                ]
+    return {"all skills": dict(cells)} if any(c["win_rate"] for c in cells.values()) else {}
+
+
 def designer_outcomes(run: Run) -> dict[str, int]:
     """Cumulative designer outcomes: valid, rejected at each gate, duplicates, retried."""
     last = run.steps[-1] if run.steps else {}

@@ -71,10 +71,13 @@ def s_rewards(run: D.Run) -> str:
 
 
 def s_skills(run: D.Run) -> str:
-    windows = D.skill_windows(run)
+    windows, prefix = D.skill_windows(run), ""
     if not windows:
-        return note("no episode records with skills: regret and win rate per skill need "
-                    "episodes/records.jsonl and memory.lmdb")  # fmt: skip
+        windows = D.step_windows(run)
+        if not windows:
+            return note("no regret or win rate recorded (no step, or no environment played)")
+        prefix = note("per skill needs episodes/records.jsonl and memory.lmdb: all skills "
+                      "together, from the step records")  # fmt: skip
     w = D.window_size(run)
     regret = {s: {k: v["regret"] for k, v in c.items()} for s, c in windows.items()}
     rate = {s: {k: v["win_rate"] for k, v in c.items()} for s, c in windows.items()}
@@ -83,7 +86,7 @@ def s_skills(run: D.Run) -> str:
     if any(v for c in regret.values() for v in c.values()):
         figs.append(F.distributions(regret, title="regret per environment, by skill",
                                     ylabel="regret", window=w))  # fmt: skip
-    return grid(figs)
+    return prefix + grid(figs)
 
 
 def s_designer(run: D.Run) -> str:

@@ -214,6 +214,13 @@ def test_older_run_and_damaged_files(run_copy, capsys):
     assert "not split into training and weight push" in page
     assert "mean |Δ log p|" in page and "KL(engine || trainer)" not in page  # gap only
     assert "memory.lmdb: unreadable" in page and "episodes/records.jsonl: absent" in page
+    assert "all skills together, from the step records" in page  # the per-skill fallback
+    run = D.load_run(run_copy)
+    cells = D.step_windows(run)["all skills"]
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert sorted(v for c in cells.values() for v in c["win_rate"]) == sorted(
+        v for r in steps for v in r["win_rate/values"]
+    )
 
 
 def test_no_run_directory_is_exit_2(tmp_path, capsys):
