@@ -32,6 +32,10 @@ plt.rcParams.update({
 })  # fmt: skip
 
 Series = tuple[Sequence[float], Sequence[float]]
+PHASE_COLORS = {"generation": "#1f77b4", "env execution": "#2ca02c", "training": "#d62728",
+                "weight push": "#ff7f0e", "checkpoint, other": "#8c564b",
+                "busy (unsplit)": "#9467bd", "idle": "#d9d9d9"}  # fmt: skip
+COMPONENT_STYLE = {"engines": "-o", "sandbox pool": "-s", "trainer": "-^"}
 SIZE = (6.0, 2.8)
 
 
@@ -51,10 +55,12 @@ def _svg(fig) -> str:
 def lines(
     data: Mapping[str, Series], *, title: str, ylabel: str = "", xlabel: str = "step",
     logy: bool = False, style: Mapping[str, str] | None = None,
+    colors: Mapping[str, str] | None = None,
 ) -> str:  # fmt: skip
     fig, ax = plt.subplots(figsize=SIZE)
     for label, (xs, ys) in data.items():
-        ax.plot(xs, ys, (style or {}).get(label, "-o"), label=_t(label), markersize=3)
+        kw = {"color": colors[label]} if colors and label in colors else {}
+        ax.plot(xs, ys, (style or {}).get(label, "-o"), label=_t(label), markersize=3, **kw)
     if logy and all(y > 0 for _, ys in data.values() for y in ys):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -67,8 +73,8 @@ def lines(
 def stacked_shares(data: Mapping[str, Mapping[str, float]], *, title: str) -> str:
     """One horizontal bar per component, split into its phases' shares of wall time."""
     fig, ax = plt.subplots(figsize=(6.0, 0.6 + 0.55 * max(1, len(data))))
-    colors = {"idle": "#d9d9d9"}
-    palette = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    colors = dict(PHASE_COLORS)
+    palette = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"][6:])
     seen: set[str] = set()
     for row, shares in enumerate(data.values()):
         left = 0.0

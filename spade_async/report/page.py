@@ -126,9 +126,16 @@ def s_phases(run: D.Run) -> str:
         return note("the step records carry no busy-time meters (an older run)")
     parts = [F.stacked_shares(whole, title="share of wall time, whole run")]
     per = D.phase_series(run)
-    busy = {f"{c}: {p}": v for c, ph in per.items() for p, v in ph.items() if p != "idle"}
+    busy, style, colors = {}, {}, {}
+    for comp, ph in per.items():
+        for phase, v in ph.items():
+            if phase != "idle":
+                key = f"{comp}: {phase}"
+                busy[key], style[key] = v, F.COMPONENT_STYLE.get(comp, "-o")
+                colors[key] = F.PHASE_COLORS.get(phase, "#7f7f7f")
     if busy and len(run.steps) > 1:
-        parts.append(F.lines(busy, title="phase share per step interval", ylabel="share"))
+        parts.append(F.lines(busy, title="phase share per step interval", ylabel="share",
+                             style=style, colors=colors))  # fmt: skip
     out = grid(parts)
     ov = D.overlap(run)
     if ov:
