@@ -268,6 +268,13 @@ def staleness(run: Run) -> dict[str, tuple[list[int], list[float]]]:
             spread[0].append(r["step"])
             spread[1].append(float(max(v) - min(v)))
     out["batch version spread"] = spread
+    std = ([], [])
+    for r in run.steps:  # the importance weights' spread, before any cap (trainer/step.py)
+        m, sq = r.get("train/is_weight_mean"), r.get("train/is_weight_sq")
+        if isinstance(m, (int, float)) and isinstance(sq, (int, float)):
+            std[0].append(r["step"])
+            std[1].append(math.sqrt(max(0.0, sq - m * m)))
+    out["IS weight std (uncapped)"] = std
     return {k: v for k, v in out.items() if v[0]}
 
 

@@ -28,7 +28,9 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   win_rate/values            list   raw no-hint win rates of the same environments
   regret/hist                list   optional: bin counts over [0, 1] instead of raw values
   train/mismatch_kl          float  KL(engine || trainer) of the sampled tokens before the
-                                    update (k3 estimator); train/mismatch_max: max |d log p|
+                                    update (k3 estimator); train/mismatch_max: max |d log p|;
+                                    train/is_weight_mean, train/is_weight_sq: the uncapped
+                                    importance weights' mean and mean square (their spread)
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory

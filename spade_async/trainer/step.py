@@ -138,6 +138,11 @@ class Trainer:
         metrics["logprob_gap"] = d_T.abs().sum() / n
         metrics["mismatch_kl"] = (torch.expm1((-d_T).clamp(max=30.0)) + d_T).sum() / n
         metrics["mismatch_max"] = d_T.abs().max() if d_T.numel() else d_T.new_zeros(())
+        # the importance weights p_trainer / p_engine before any cap: mean and mean square
+        # (the spread: std = sqrt(E[w^2] - E[w]^2)); masked tokens count 0, as everywhere
+        w_T = torch.exp((-d_T).clamp(max=30.0)) * mb.mask_T
+        metrics["is_weight_mean"] = w_T.sum() / n
+        metrics["is_weight_sq"] = (w_T * w_T).sum() / n
         metrics.pop("loss")
         metrics.pop("sequences", None)
         return loss, metrics

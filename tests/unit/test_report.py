@@ -231,3 +231,14 @@ def test_no_run_directory_is_exit_2(tmp_path, capsys):
     assert spade(["report", str(tmp_path / "empty")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
     assert spade(["report", str(FIXTURE), "--compare", str(tmp_path / "empty")]) == 2
+
+
+def test_importance_weight_spread(run_copy):
+    metrics = run_copy / "metrics.jsonl"
+    recs = _lines(metrics)
+    for r in recs:
+        if r["kind"] == "step":
+            r["train/is_weight_mean"], r["train/is_weight_sq"] = 1.0, 1.0 + 0.04 * r["step"]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    xs, ys = D.staleness(D.load_run(run_copy))["IS weight std (uncapped)"]
+    assert xs == [1, 2, 3] and ys == pytest.approx([0.2 * math.sqrt(s) for s in xs])

@@ -49,3 +49,6 @@ def test_mismatch_kl_and_max_match_the_definition(tiny_model):
     assert math.isclose(m["mismatch_max"], 1.25, abs_tol=1e-4), m["mismatch_max"]
     assert math.isclose(m["logprob_gap"], sum(map(abs, d)) / len(d), abs_tol=1e-4)
     assert m["mismatch_kl"] > 0.05  # not a zero that would pass any tolerance
+    w = [math.exp(-x) for x in d]
+    assert math.isclose(m["is_weight_mean"], sum(w) / len(w), rel_tol=1e-4)
+    assert math.isclose(m["is_weight_sq"], sum(x * x for x in w) / len(w), rel_tol=1e-4)
