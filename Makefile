@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NAME ?= env_pool
 ARGS ?=
 
-.PHONY: install demo test test-slow test-gpu lint bench clean
+.PHONY: install demo test test-slow test-gpu test-browser lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,14 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu
+
+# spade report's page in headless Chromium: Debian's chromium-headless-shell (apt-get, as
+# root) driven by Playwright's Python package, which downloads no browser build of its own.
+test-browser: $(STAMP)
+	command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell; }
+	$(BIN)/python -c "import playwright" 2>/dev/null || $(BIN)/python -m pip install -q playwright
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check spade_async kernels bench tests

@@ -26,6 +26,7 @@ def test_every_bench_script_is_listed():
         "logprob",
         "memory",
         "pipeline",
+        "report",
         "router",
         "trainer",
     }

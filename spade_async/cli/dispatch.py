@@ -18,6 +18,8 @@ COMMANDS = {
     "train": ("spade_async.cli.train", "run SPADE, a baseline or an ablation from a recipe"),
     "dashboard": ("spade_async.telemetry.cli", "watch a run's metrics in the terminal"),
     "demo": ("spade_async.cli.demo", "run the demo on the embedded default model"),
+    "episode": ("spade_async.episodes.cli", "list recorded episodes and replay them"),
+    "report": ("spade_async.report.cli", "an HTML report of a run (figures, archive, eval)"),
     "eval": ("spade_async.eval.cli", "held-out evaluation on the paper's benchmarks"),
     "slurm": ("spade_async.launch.slurm", "print an sbatch script for a multi-node recipe"),
 }

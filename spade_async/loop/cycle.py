@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from spade_async.episodes.records import log_episode
 from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import (
     designer_advantages,
@@ -80,20 +81,21 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
     out: list[DesignSample] = []
 
     async def one(skill, doc_id, prompt, shown) -> None:
-        with rt.meters.busy("engine"):
-            samples = await design_group(
-                client=rt.client,
-                pool=rt.pool,
-                tokenizer=rt.tokenizer,
-                writer=rt.writer,
-                run_dir=rt.run_dir,
-                cfg=d,
-                prompt=prompt,
-                skill=skill,
-                doc_id=doc_id,
-                version=version,
-                examples=shown,
-            )
+        # engine and pool (validation) time are metered inside design_group
+        samples = await design_group(
+            client=rt.client,
+            pool=rt.pool,
+            tokenizer=rt.tokenizer,
+            writer=rt.writer,
+            run_dir=rt.run_dir,
+            cfg=d,
+            prompt=prompt,
+            skill=skill,
+            doc_id=doc_id,
+            version=version,
+            examples=shown,
+            meters=rt.meters,
+        )
         out.extend(samples)
 
     async with anyio.create_task_group() as tg:
@@ -117,6 +119,9 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
                 "valid": s.verdict.valid,
                 "win_rate": None,
                 "regret": None,
+                "duplicate": s.duplicate,
+                "retries": s.retries,
+                "shown": s.examples,  # lineage: the memory examples in its prompt
             },
             kind="env",
         )
@@ -208,6 +213,7 @@ async def play(
                 timeout_reward=rt.cfg.rewards.timeout_reward,
             )
         episodes.append(ep)
+        log_episode(rt, env, ep)  # RUN_DIR/episodes/records.jsonl: what replay needs
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
         rt.meters.count(f"agent/status/{ep.status}")
 
@@ -349,7 +355,8 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
             await rt.client.release_memory()
         died = ""
         try:
-            metrics = await rt.trainer.train_step(Batch(samples=samples))
+            with rt.meters.busy("train"):  # phases of the trainer's busy time (report)
+                metrics = await rt.trainer.train_step(Batch(samples=samples))
         except TrainerDied as exc:
             died, metrics = str(exc), {}
         if rt.release_memory:
@@ -358,7 +365,8 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
             rt.meters.count("train/lost_batches")
             await rt.restart_trainer(died, pause=pause)
         else:
-            metrics = {**metrics, **await _push(rt, pause)}
+            with rt.meters.busy("push"):
+                metrics = {**metrics, **await _push(rt, pause)}
         if rt.release_memory:
             await rt.client.resume_memory()
     if metrics:

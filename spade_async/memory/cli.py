@@ -1,4 +1,7 @@
-"""``spade memory ls|show ID|stats|export DEST|import SRC --run RUN_DIR [--json]``."""
+"""``spade memory ls|show ID|stats|export DEST|import SRC --run RUN_DIR [--json]``.
+
+``export DEST --format gymnasium`` writes an installable package of the valid environments
+(spade_async/memory/package.py); ``--format jsonl`` one line per environment."""
 
 from __future__ import annotations
 
@@ -33,6 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("export", "write <id>.py files (byte-identical) and manifest.jsonl")
     s.add_argument("dest", type=Path)
     s.add_argument("--status", choices=["valid", "invalid", "duplicate"])
+    s.add_argument(
+        "--format",
+        choices=["files", "gymnasium", "jsonl"],
+        default="files",
+        help="files: <id>.py + manifest.jsonl; gymnasium: an installable package registering "
+        "each valid environment (gymnasium.make('spade/<Name>-v0')); jsonl: one line each",
+    )
+    s.add_argument("--name", help="gymnasium: the package's import name")
     s = cmd("import", "validate files in the sandbox and store them (a fixed pool enters here)")
     s.add_argument("src", type=Path, help="a .py file or a directory of them")
     s.add_argument(
@@ -122,6 +133,23 @@ def _stats(store: MemoryStore, args) -> None:
 
 def _export(store: MemoryStore, args) -> None:
     dest: Path = args.dest
+    if args.format != "files":
+        from spade_async.memory import package
+
+        records = list(store.records(status=args.status or "valid"))
+        if args.format == "gymnasium":
+            if args.status not in (None, "valid"):
+                raise ConfigError("--format gymnasium exports valid environments only")
+            out = package.export_gymnasium(records, dest, run_dir=args.run, name=args.name)
+            what = f"package {out['package']} ({out['environments']} environments) in {dest}"
+        else:
+            out = package.export_jsonl(records, dest, run_dir=args.run)
+            what = f"{out['environments']} environments to {out['dest']}"
+        if args.json:
+            _print_json(out)
+        else:
+            print(f"exported {what}\n{package.NOTE}")
+        return
     dest.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(dest / "manifest.jsonl", "wb") as manifest:

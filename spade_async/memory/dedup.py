@@ -17,7 +17,6 @@ import zlib
 from functools import lru_cache
 
 import numpy as np
-from datasketch import MinHash, MinHashLSH
 
 from spade_async.errors import ConfigError
 from spade_async.memory.records import normalize
@@ -28,6 +27,8 @@ _SEED = 1
 
 @lru_cache(maxsize=8)
 def _permutations(num_perm: int):
+    from datasketch import MinHash  # lazy: datasketch imports scipy (~1 s)
+
     return MinHash(num_perm=num_perm, seed=_SEED).permutations
 
 
@@ -35,6 +36,8 @@ def _permutations(num_perm: int):
 def band_ranges(threshold: float, num_perm: int) -> tuple[tuple[int, int], ...]:
     """(start, end) of each LSH band, as datasketch picks them for ``threshold``."""
     try:
+        from datasketch import MinHashLSH
+
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
     except ValueError as exc:
         raise ConfigError(
@@ -53,6 +56,8 @@ def shingles(code: str, k: int) -> set[bytes]:
 
 def signature(code: str, *, num_perm: int, k: int) -> np.ndarray:
     """MinHash signature (uint32[num_perm]) of ``code``'s token shingles."""
+    from datasketch import MinHash
+
     m = MinHash(
         num_perm=num_perm,
         permutations=_permutations(num_perm),

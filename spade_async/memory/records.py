@@ -90,6 +90,7 @@ class EnvRecord(msgspec.Struct, frozen=True, kw_only=True):
     exact_repeats: int = 0  # times the same normalised code was submitted again
     near_copies: int = 0  # times a later environment was a near-duplicate of this one
     stats: Stats = msgspec.field(default_factory=Stats)
+    shown: list[str] = []  # lineage: ids of the memory examples its designer prompt showed
     created_at: float = 0.0
     updated_at: float = 0.0
 

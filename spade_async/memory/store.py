@@ -70,7 +70,8 @@ class MemoryStore:
         self.config = config or MemoryConfig()
         self.readonly = readonly
         self.cache: dict[str, object] = {}  # readers' caches, each checked against last_txnid
-        dedup.band_ranges(self.config.near_dup_threshold, self.config.num_perm)  # fail fast
+        if not readonly:  # fail fast (a reader never bands: it skips datasketch's import)
+            dedup.band_ranges(self.config.near_dup_threshold, self.config.num_perm)
         if readonly and not (self.path / "data.mdb").is_file():
             raise ConfigError(
                 f"no environment memory at '{self.path}'; pass the run directory "

@@ -16,6 +16,7 @@ mark the environment for the designer's penalty).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -88,6 +89,14 @@ class Episode(msgspec.Struct, kw_only=True):
     turns: int
     messages: list[dict[str, Any]]
     error: str = ""
+    # what replay needs (spade_async.episodes): every action the environment received, the
+    # reset observation then each step's observation (sha256 hex), each step's reward and
+    # (terminated, truncated); an EnvError ends the lists at the call that raised it
+    actions: list[str] = []
+    obs_hashes: list[str] = []
+    step_rewards: list[float] = []
+    step_flags: list[tuple[bool, bool]] = []
+    error_kind: str = ""
 
     @property
     def version(self) -> int:
@@ -129,11 +138,16 @@ async def play_episode(
     spans: list[tuple[int, int]] = []
     versions: list[int] = []
     status: Status = "turn_limit"
-    reward, error = 0.0, ""
+    reward, error, error_kind = 0.0, "", ""
+    actions: list[str] = []
+    obs_hashes: list[str] = []
+    step_rewards: list[float] = []
+    step_flags: list[tuple[bool, bool]] = []
     inst = None
     try:
         inst = await pool.open(env.source, env_id=env.env_id)
         obs, _ = await pool.reset(inst, seed)
+        obs_hashes.append(obs_hash(obs))
         tool_use = env.setting == "tool_use"
         tools = await pool.get_tools(inst) if tool_use else None
         first = f"{obs}\n\nHINT: {hint}" if hint else obs
@@ -164,10 +178,13 @@ async def play_episode(
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
             versions.append(res.policy(version))  # the engine's, for the tokens it generated
-            with busy("env_pool"):  # the environment never sees the reasoning
-                obs, step_reward, terminated, truncated, _ = await pool.step(
-                    inst, strip_think(res.text)
-                )
+            action = strip_think(res.text)  # the environment never sees the reasoning
+            actions.append(action)
+            with busy("env_pool"):
+                obs, step_reward, terminated, truncated, _ = await pool.step(inst, action)
+            obs_hashes.append(obs_hash(obs))
+            step_rewards.append(float(step_reward))
+            step_flags.append((bool(terminated), bool(truncated)))
             if terminated or truncated:
                 status = "terminated" if terminated else "truncated"
                 reward = agent_outcome(step_reward, terminated)
@@ -182,7 +199,7 @@ async def play_episode(
         timed_out = exc.kind == "timeout"
         status = "timeout" if timed_out else "env_error"
         reward = agent_outcome(0.0, False, timed_out=timed_out, timeout_reward=timeout_reward)
-        error = f"{exc.kind}: {exc}"
+        error, error_kind = f"{exc.kind}: {exc}", exc.kind
     except EngineRequestError as exc:  # e.g. the episode outgrew the context: this request only
         status, error = "engine_error", str(exc)
     finally:
@@ -206,7 +223,17 @@ async def play_episode(
         turns=len(spans),
         messages=conv.messages if conv else [],
         error=error,
+        actions=actions,
+        obs_hashes=obs_hashes,
+        step_rewards=step_rewards,
+        step_flags=step_flags,
+        error_kind=error_kind,
     )
+
+
+def obs_hash(obs: str) -> str:
+    """The sha256 hex of an observation as the environment returned it (replay compares)."""
+    return hashlib.sha256(obs.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @contextlib.contextmanager

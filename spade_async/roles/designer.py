@@ -11,6 +11,7 @@ file is saved under ``RUN_DIR/envs/`` with its verdict and recorded in memory.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -94,6 +95,11 @@ class DesignSample:
     examples: list[str] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _no_busy(stage: str):
+    yield
+
+
 def _head(code: str, lines: int) -> str:
     return "\n".join(code.splitlines()[:lines])
 
@@ -148,15 +154,21 @@ async def design_group(
     doc_id: str | None,
     version: int,
     examples: list[str] | None = None,
+    meters: Any = None,
 ) -> list[DesignSample]:
-    """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each."""
+    """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each.
+
+    ``meters`` (telemetry Meters) gets generation as engine time and the validation gates
+    as env_pool time."""
+    busy = meters.busy if meters is not None else _no_busy
     messages = [{"role": "user", "content": prompt}]
     prompt_ids = Conversation(tokenizer, messages).token_ids
     sampling = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=cfg.samples_per_prompt
     )
     try:
-        results = await client.generate_n(prompt_ids, sampling)
+        with busy("engine"):
+            results = await client.generate_n(prompt_ids, sampling)
     except EngineRequestError as exc:  # e.g. a document too long for the context: skip the group
         return [_rejected(prompt_ids, skill, doc_id, version, f"engine refused the prompt: {exc}")]
     out = []
@@ -171,7 +183,8 @@ async def design_group(
             verdict=Verdict(valid=False, stage="syntax", reason="no reply"),
             examples=list(examples or []),
         )
-        source, verdict = await _check(res.text, pool, cfg)
+        with busy("env_pool"):
+            source, verdict = await _check(res.text, pool, cfg)
         sample.verdict = verdict
         await _record(writer, run_dir, sample, source, verdict, cfg)
         turns = 0
@@ -183,38 +196,47 @@ async def design_group(
                 conv.add_assistant(res.output_ids, None, res.text)
             conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
             try:
-                fix = await client.generate(
-                    conv.token_ids,
-                    SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-                    return_logprob=False,
-                )
+                with busy("engine"):
+                    fix = await client.generate(
+                        conv.token_ids,
+                        SamplingParams(
+                            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature
+                        ),
+                        return_logprob=False,
+                    )
             except EngineRequestError:  # the repair conversation outgrew the context
                 break
             conv.add_assistant(fix.output_ids, None, fix.text)
             sample.extra_tokens += len(fix.output_ids)
-            source, verdict = await _check(fix.text, pool, cfg)
+            with busy("env_pool"):
+                source, verdict = await _check(fix.text, pool, cfg)
             sample.repaired = verdict.valid
             await _record(writer, run_dir, sample, source, verdict, cfg)
-        await _retry(client, pool, writer, run_dir, cfg, sample, prompt_ids)
+        await _retry(client, pool, writer, run_dir, cfg, sample, prompt_ids, busy)
         out.append(sample)
     return out
 
 
-async def _retry(client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids) -> None:
+async def _retry(
+    client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids, busy=None
+) -> None:
     """Fresh samples of the same prompt until one is valid (at most ``cfg.retries``): the
     valid one enters the pool; none is trained (the sample keeps its first attempt)."""
+    busy = busy or _no_busy
     while sample.env_id is None and sample.retries < cfg.retries:
         sample.retries += 1
         try:
-            res = await client.generate(
-                list(prompt_ids),
-                SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-                return_logprob=False,
-            )
+            with busy("engine"):
+                res = await client.generate(
+                    list(prompt_ids),
+                    SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                    return_logprob=False,
+                )
         except EngineRequestError:
             return
         sample.extra_tokens += len(res.output_ids)
-        source, verdict = await _check(res.text, pool, cfg)
+        with busy("env_pool"):
+            source, verdict = await _check(res.text, pool, cfg)
         await _record(writer, run_dir, sample, source, verdict, cfg)
 
 
@@ -263,6 +285,7 @@ async def _record(
         skill=sample.skill,
         setting=cfg.setting,
         doc_id=sample.doc_id,
+        shown=list(sample.examples),
     )
     put = await writer.put(rec)
     run_dir.save_env(rec.id, source, verdict)

@@ -35,7 +35,7 @@ CURVES = (
 _KNOWN = re.compile(
     r"^(version|max_steps|time/|tokens_per_s/|busy_s/|idle_s/|stream/|designer/|regret/|"
     r"win_rate/|reward/|memory/|engine/|trainer/healthy|trainer/restarts|router/healthy|staleness/|hint/|"
-    r"train/push|train/lost_batches)"
+    r"train/push|train/lost_batches|train/mismatch_|train/logprob_gap|train/is_weight_)"
 )
 _SPARK = "▁▂▃▄▅▆▇█"
 _EIGHTHS = " ▏▎▍▌▋▊▉"

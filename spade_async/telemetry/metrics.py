@@ -13,6 +13,9 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   idle_s/<stage>             float  stage had work in flight / had none; stage: engine, trainer,
                                     env_pool. Cumulative so a lost record loses nothing: the
                                     dashboard takes differences for the last interval.
+                                    Phases (spade report, telemetry/phases.py): train and
+                                    push split the trainer's busy time (train steps, weight
+                                    pushes); env_pool also holds designer validation.
   stream/<name>/fill         int    items queued right now in a bounded stream ...
   stream/<name>/capacity     int    ... and its bound (a full or empty stream shows a stall)
   designer/generated         int    cumulative designer generations judged
@@ -24,6 +27,10 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   regret/values              list   raw regrets of the environments scored this step
   win_rate/values            list   raw no-hint win rates of the same environments
   regret/hist                list   optional: bin counts over [0, 1] instead of raw values
+  train/mismatch_kl          float  KL(engine || trainer) of the sampled tokens before the
+                                    update (k3 estimator); train/mismatch_max: max |d log p|;
+                                    train/is_weight_mean, train/is_weight_sq: the uncapped
+                                    importance weights' mean and mean square (their spread)
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory
@@ -98,10 +105,19 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     wandb: Doc(bool, "also log to Weights & Biases (if installed)") = False
     wandb_project: Doc(str, "Weights & Biases project name") = "spade-async"
     episodes_per_step: Doc(int, "episode transcripts saved to RUN_DIR/episodes per step") = 2
+    replay_records: Doc(
+        float,
+        "share of agent episodes recorded for replay in RUN_DIR/episodes/records.jsonl "
+        "(chosen by a hash of environment and seed); 1 = every episode, 0 = none",
+    ) = 1.0
 
     def __post_init__(self) -> None:
         if not self.refresh_hz > 0:
             raise ValueError(f"telemetry.refresh_hz = {self.refresh_hz}: must be > 0, e.g. 4")
+        if not 0.0 <= self.replay_records <= 1.0:
+            raise ValueError(
+                f"telemetry.replay_records = {self.replay_records}: must be in [0, 1], e.g. 1.0"
+            )
         if self.episodes_per_step < 0:
             raise ValueError(
                 f"telemetry.episodes_per_step = {self.episodes_per_step}: must be >= 0"
@@ -252,7 +268,7 @@ class Meters:
 
     def __init__(
         self,
-        stages: tuple[str, ...] = ("engine", "trainer", "env_pool"),
+        stages: tuple[str, ...] = ("engine", "trainer", "env_pool", "train", "push"),
         roles: tuple[str, ...] = ("designer", "hint", "agent", "trainer"),
         *,
         clock=time.monotonic,

@@ -82,6 +82,54 @@ def stages(st: Any) -> Panel:
     return Panel(t, title="busy (last interval)", title_align="left")
 
 
+_PHASE_STYLE = {"generation": "cyan", "env execution": "yellow", "training": "green",
+                "weight push": "magenta", "checkpoint, other": "blue", "busy (unsplit)": "green"}  # fmt: skip
+
+
+_SHORT = {"generation": "gen", "env execution": "env", "training": "train", "weight push": "push",
+          "checkpoint, other": "other", "busy (unsplit)": "busy"}  # fmt: skip
+
+
+def phases(st: Any) -> Panel | None:
+    """Live: each component's phases as a share of the last interval's wall time."""
+    from spade_async.telemetry.phases import phase_shares
+
+    shares = phase_shares(st.latest, st.prev) if st.prev else phase_shares(st.latest)
+    if not shares:
+        return None
+    t = _grid("ll")
+    width = 20
+    for comp, parts in shares.items():
+        line, used = Text(), 0
+        for phase, share in parts.items():
+            if phase == "idle":
+                continue
+            n = min(width - used, round(share * width))
+            line.append("█" * n, style=_PHASE_STYLE.get(phase, "white"))
+            used += n
+        line.append("·" * (width - used), style="dim")
+        busy = " ".join(
+            f"{_SHORT.get(p, p)} {v:.0%}" for p, v in parts.items() if p != "idle" and v >= 0.005
+        )
+        t.add_row(comp.replace("sandbox ", ""), line)
+        t.add_row("", Text(busy or "idle", style="dim"))
+    return Panel(t, title="phase shares (last interval)", title_align="left")
+
+
+def mismatch(st: Any) -> Panel | None:
+    """Live: engine vs trainer log-probs of the sampled tokens, before each update."""
+    r = st.latest
+    keys = (("train/mismatch_kl", "KL"), ("train/mismatch_max", "max |Δ|"),
+            ("train/logprob_gap", "mean |Δ|"))  # fmt: skip
+    if not any(k in r for k, _ in keys):
+        return None
+    t = _grid("lrl")
+    for key, name in keys:
+        if key in r:
+            t.add_row(name, _fmt(r[key]), Text(sparkline(st.series(key), 16), style="red"))
+    return Panel(t, title="train/inference mismatch", title_align="left")
+
+
 def streams(st: Any) -> Panel:
     t = _grid("llr")
     for name in sorted(st.keys("stream/", "/fill")):
@@ -221,6 +269,7 @@ def render(st: Any, title: str, width: int = 120) -> RenderableType:
     if st.records == 0:
         return Panel(Text("waiting for metrics...", style="dim"), title=title)
     panels = [throughput(st), stages(st), streams(st), designer(st), distributions(st), curves(st)]
+    panels += [p for p in (phases(st), mismatch(st)) if p is not None]
     panels += [health(st), *([extra] if (extra := other(st)) is not None else [])]
     panels += [ev] if (ev := evaluation(st)) is not None else []
     ncols = 3 if width >= 132 else 2 if width >= 84 else 1

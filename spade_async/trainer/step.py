@@ -129,8 +129,20 @@ class Trainer:
             seq_ids_T=None if cfg.loss_agg == "token" else mb.local_seq_T,
             loss_scale_denominator=denominator / self.world,
         )
-        gap_T = (logprob_T.detach() - mb.rollout_logprob_T).abs() * mb.mask_T
-        metrics["logprob_gap"] = gap_T.sum() / metrics["tokens"].clamp(min=1)
+        # train/inference mismatch before the update, on the sampled (loss) tokens:
+        # d = log p_engine - log p_trainer; KL(engine || trainer) by the k3 estimator
+        # exp(-d) - 1 + d (>= 0, unbiased under the engine's samples; the exponent is capped
+        # at 30 so a token the engine found far less likely than the trainer cannot overflow)
+        d_T = (mb.rollout_logprob_T - logprob_T.detach()) * mb.mask_T
+        n = metrics["tokens"].clamp(min=1)
+        metrics["logprob_gap"] = d_T.abs().sum() / n
+        metrics["mismatch_kl"] = (torch.expm1((-d_T).clamp(max=30.0)) + d_T).sum() / n
+        metrics["mismatch_max"] = d_T.abs().max() if d_T.numel() else d_T.new_zeros(())
+        # the importance weights p_trainer / p_engine before any cap: mean and mean square
+        # (the spread: std = sqrt(E[w^2] - E[w]^2)); masked tokens count 0, as everywhere
+        w_T = torch.exp((-d_T).clamp(max=30.0)) * mb.mask_T
+        metrics["is_weight_mean"] = w_T.sum() / n
+        metrics["is_weight_sq"] = (w_T * w_T).sum() / n
         metrics.pop("loss")
         metrics.pop("sequences", None)
         return loss, metrics
@@ -160,6 +172,7 @@ class Trainer:
         acc: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
         loss_tokens = torch.zeros((), device=self.device)
+        mismatch_max = torch.zeros((), device=self.device)  # a max, not a token-weighted sum
         n_tokens = 0
         for indices in plan[self.rank]:
             mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
@@ -169,10 +182,12 @@ class Trainer:
             loss_sum += loss.detach()
             n_tokens += mb.n_tokens
             tok = metrics.pop("tokens")
+            mismatch_max = torch.maximum(mismatch_max, metrics.pop("mismatch_max"))
             loss_tokens += tok
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0) + v * tok
         keys = sorted(acc)
+        self.mismatch_max = mismatch_max  # read by train_step after its one sync
         vec = torch.stack(
             [
                 loss_sum / self.world,
@@ -196,8 +211,10 @@ class Trainer:
             validate_batch(batch, self.vocab_size)
         vec, keys, n_micro = self.accumulate(batch, layout)
         grad_norm = self._clip_grad_norm()
+        mismatch_max = self.mismatch_max
         if self.distributed:
             dist.all_reduce(vec)
+            dist.all_reduce(mismatch_max, op=dist.ReduceOp.MAX)
         finite = bool(torch.isfinite(vec[0]) & torch.isfinite(grad_norm))  # the one sync
         if finite:
             self.optimizer.step()
@@ -211,6 +228,7 @@ class Trainer:
         loss_tokens, tokens = values[-2], values[-1]
         seconds = time.perf_counter() - t0
         metrics = {"loss": values[0], "grad_norm": float(grad_norm)}
+        metrics["mismatch_max"] = float(mismatch_max)  # after the sync above: no new wait
         metrics.update({k: values[1 + i] / max(loss_tokens, 1.0) for i, k in enumerate(keys)})
         metrics.update(
             loss_tokens=loss_tokens,

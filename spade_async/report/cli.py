@@ -1,0 +1,36 @@
+"""``spade report RUN_DIR [--out DIR] [--compare RUN_DIR2]``: one offline HTML page.
+
+Writes ``DIR/index.html`` (default ``RUN_DIR/report/``): every figure inline (SVG), no
+script and nothing fetched, so the file can be mailed or opened from a disk. Exit status:
+0 when the page was written (a partial or older run included: the page lists what is
+missing), 2 when RUN_DIR (or the compared run) is no run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="spade report", description=__doc__)
+    p.add_argument("run_dir", type=Path, help="a run directory (runs/<name>)")
+    p.add_argument("--out", type=Path, help="output directory (default RUN_DIR/report)")
+    p.add_argument("--compare", type=Path, metavar="RUN_DIR2", help="a second run, side by side")
+    args = p.parse_args(argv)
+    from spade_async.report.data import load_run
+
+    run = load_run(args.run_dir)  # UsageError (exit 2) for a path that is no run directory
+    other = load_run(args.compare) if args.compare is not None else None
+    from spade_async.report.page import render
+    from spade_async.rundir import write_atomic
+
+    page = render(run, other)
+    out = args.out or args.run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "index.html", page.encode())
+    print(f"wrote {out / 'index.html'} ({len(page) // 1024} KiB)")
+    for m in run.missing:
+        print(f"  missing: {m}", file=sys.stderr)
+    return 0
