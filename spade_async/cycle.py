@@ -230,13 +230,17 @@ async def score(
 ) -> dict[str, list[float]]:
     """Per-environment statistics into memory (and the designer window); returns the
     regrets and no-hint win rates of the environments scored, for the dashboard. Plays the
-    environment crashed or timed out count as its faults, not as plays."""
+    environment crashed or timed out count as its faults, not as plays; a play the engine
+    refused (``engine_error``) is no play at all (the reference drops FAILED trajectories
+    from its accumulation)."""
     thr, how = rt.cfg.agent.success_threshold, rt.cfg.rewards.win_rate
     by_env: dict[str, tuple[list[Episode], list[Episode]]] = defaultdict(lambda: ([], []))
     for ep in episodes:
         if ep.status in FAULT_STATUSES:
             if window is not None:
                 window.faults[ep.env_id] += 1
+            continue
+        if ep.status == "engine_error":  # no play happened: the reference drops FAILED plays
             continue
         by_env[ep.env_id][0 if ep.hinted else 1].append(ep)
     regrets, rates = [], []
@@ -305,8 +309,13 @@ def score_designs(
     for skill, vals in rates.items():  # the slow baseline moves after the window is scored
         prev = rt.state.skill_ema.get(skill)
         rt.state.skill_ema[skill] = ema(prev, sum(vals) / len(vals), cfg.ema_decay)
+    # a broken first attempt scores 0 whatever its retry became: the retry's duplicate flag
+    # belongs to the retry's environment, not to the trained attempt
     rewards, adv, keep = designer_advantages(
-        cfg, values, [s.skill for s in scored], duplicate=[s.duplicate for s in scored]
+        cfg,
+        values,
+        [s.skill for s in scored],
+        duplicate=[s.duplicate and s.verdict.valid for s in scored],
     )
     return scored, rewards, adv, keep
 
@@ -333,13 +342,18 @@ def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
         rt.run_dir.save_transcript(f"step-{rt.state.step:05d}-{i}", transcript(ep))
 
 
-async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> dict[str, float]:
+async def train_and_push(
+    rt: Runtime, samples: list[Sample], *, pause: bool, normaliser: float = 0.0
+) -> dict[str, float]:
     """One trainer step, then the weights to every engine (paused around the push when
     generation is in flight); the engines' version becomes the trainer's.
 
     Colocated with memory release (``rt.release_memory``; sync schedule, engines idle), the
     engines give their GPU memory to the trainer first and take it back in slime's order:
-    release all -> train -> resume weights -> push -> resume the KV cache."""
+    release all -> train -> resume weights -> push -> resume the KV cache.
+
+    ``normaliser``: the sample count a sample-mean loss divides by (``batcher.loss_normaliser``;
+    0: the batch's own count)."""
     if not samples:
         rt.meters.count("train/empty_batches")
         return {}
@@ -349,7 +363,9 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
             await rt.client.release_memory()
         died = ""
         try:
-            metrics = await rt.trainer.train_step(Batch(samples=samples))
+            metrics = await rt.trainer.train_step(
+                Batch(samples=samples, loss_normaliser=normaliser)
+            )
         except TrainerDied as exc:
             died, metrics = str(exc), {}
         if rt.release_memory:
@@ -381,6 +397,61 @@ async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
     return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
 
 
+@dataclass
+class StepBatch:
+    """What one trainer step takes: its samples, the count its sample-mean loss divides by,
+    and for the metrics the zero-advantage episodes and the window's mean designer reward."""
+
+    samples: list[Sample]
+    normaliser: float
+    zero_advantage: int
+    designer_mean: float | None
+
+
+async def step_batch(
+    rt: Runtime, episodes: list[Episode], window: Window, *, window_ends: bool
+) -> StepBatch:
+    """Scored episodes (and, at the end of a window, its designer samples) -> the step's
+    batch: agent samples (zero-advantage ones kept), designer samples first, staleness
+    filter, the reference's trim to ``batch_samples`` and its loss normaliser."""
+    from spade_async.batcher import agent_batch, drop_stale, loss_normaliser, trim_batch
+
+    cfg, st = rt.cfg, rt.state
+    agent = agent_batch(episodes, cfg.agent)
+    slots: list[Sample | None] = list(agent.slots)
+    designer_mean = None
+    if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
+        # the reference's scale counts every actor trajectory of the step (spare_rollout.py:
+        # len(actor_samples)), whatever its advantage, and episodes, not fanned-out turns
+        designer, designer_mean = await designer_batch(rt, window, agent.episodes)
+        slots += designer
+        window.samples = []  # each window is scored once
+    kept, stale = drop_stale(
+        [s for s in slots if s is not None],
+        version=st.version,
+        max_staleness=cfg.max_staleness,
+        designer_slack=cfg.regen_interval,
+    )
+    rt.meters.count("staleness/dropped", stale)
+    alive = {id(s) for s in kept}
+    slots = [s for s in slots if s is None or id(s) in alive]
+    slots, trimmed = trim_batch(slots, cfg.batch_samples)
+    rt.meters.count("batch/trimmed", trimmed)
+    rt.meters.count("batch/compact_filtered", sum(s is None for s in slots))
+    normaliser = loss_normaliser(
+        len(slots),
+        cfg.batch_samples,
+        kl_coef=cfg.trainer.kl_coef,
+        entropy_coef=cfg.trainer.entropy_coef,
+    )
+    return StepBatch(
+        samples=[s for s in slots if s is not None],
+        normaliser=normaliser,
+        zero_advantage=agent.zero_advantage,
+        designer_mean=designer_mean,
+    )
+
+
 async def learn(
     rt: Runtime,
     episodes: list[Episode],
@@ -393,27 +464,12 @@ async def learn(
     """Everything after play, for both schedules: score -> agent (and, at the end of a
     regeneration window, designer) samples -> staleness filter -> train + push -> log ->
     checkpoint."""
-    from spade_async.batcher import agent_samples, drop_stale, trim_batch
-
     cfg, st = rt.cfg, rt.state
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
-    samples, zero_adv = agent_samples(episodes, cfg.agent)
-    designer_mean = None
-    if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
-        designer, designer_mean = await designer_batch(rt, window, len(samples))
-        samples += designer
-        window.samples = []  # each window is scored once
-    samples, stale = drop_stale(
-        samples,
-        version=st.version,
-        max_staleness=cfg.max_staleness,
-        designer_slack=cfg.regen_interval,
-    )
-    rt.meters.count("staleness/dropped", stale)
-    samples, trimmed = trim_batch(samples, cfg.batch_samples)
-    rt.meters.count("batch/trimmed", trimmed)
+    batch = await step_batch(rt, episodes, window, window_ends=window_ends)
+    samples, zero_adv, designer_mean = batch.samples, batch.zero_advantage, batch.designer_mean
     trained_at = st.version
-    train_metrics = await train_and_push(rt, samples, pause=pause)
+    train_metrics = await train_and_push(rt, samples, pause=pause, normaliser=batch.normaliser)
     st.step += 1
     write_transcripts(rt, episodes)
     record = step_record(

@@ -45,6 +45,14 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         int, "designer samples per prompt (1: one document per environment, as the reference)"
     ) = 1
     temperature: Doc(float, "designer sampling temperature") = 0.6
+    top_p: Doc(float, "designer nucleus sampling (reference --spare-env-top-p 0.95)") = 0.95
+    top_k: Doc(int, "designer top-k sampling, -1 = off (reference --spare-env-top-k 20)") = 20
+    enable_thinking: Doc(
+        bool | None,
+        "thinking mode of the designer's chat template; None = the template's default. The "
+        "reference's corpus path renders the designer prompt with the run-wide "
+        "--apply-chat-template-kwargs (enable_thinking false in every shipped recipe)",
+    ) = None
     max_new_tokens: Doc(int, "designer reply length limit in tokens") = 4096
     repair_turns: Doc(int, "repair turns that feed a failing stage back (never trained)") = 0
     difficulty: Doc(
@@ -151,9 +159,13 @@ async def design_group(
 ) -> list[DesignSample]:
     """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each."""
     messages = [{"role": "user", "content": prompt}]
-    prompt_ids = Conversation(tokenizer, messages).token_ids
+    prompt_ids = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking).token_ids
     sampling = SamplingParams(
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=cfg.samples_per_prompt
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        n=cfg.samples_per_prompt,
     )
     try:
         results = await client.generate_n(prompt_ids, sampling)
@@ -179,13 +191,13 @@ async def design_group(
         while not verdict.valid and turns < cfg.repair_turns:
             turns += 1
             if conv is None:
-                conv = Conversation(tokenizer, messages)
+                conv = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking)
                 conv.add_assistant(res.output_ids, None, res.text)
             conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
             try:
                 fix = await client.generate(
                     conv.token_ids,
-                    SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                    _one(cfg),
                     return_logprob=False,
                 )
             except EngineRequestError:  # the repair conversation outgrew the context
@@ -200,6 +212,16 @@ async def design_group(
     return out
 
 
+def _one(cfg: DesignerConfig) -> SamplingParams:
+    """One more designer sample (a repair turn or a retry), sampled like the first."""
+    return SamplingParams(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+    )
+
+
 async def _retry(client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids) -> None:
     """Fresh samples of the same prompt until one is valid (at most ``cfg.retries``): the
     valid one enters the pool; none is trained (the sample keeps its first attempt)."""
@@ -208,7 +230,7 @@ async def _retry(client, pool, writer, run_dir, cfg: DesignerConfig, sample, pro
         try:
             res = await client.generate(
                 list(prompt_ids),
-                SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+                _one(cfg),
                 return_logprob=False,
             )
         except EngineRequestError:

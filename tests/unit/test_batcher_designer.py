@@ -198,9 +198,10 @@ def test_agent_advantages_reach_the_trainer_without_env_errors():
     m4 = 0.5 / 3
     s4 = math.sqrt(sum((r - m4) ** 2 for r in (1, 0, -0.5)) / 3)
     assert advs("e4") == pytest.approx([(r - m4) / (s4 + 1e-6) for r in (1, 0, -0.5)])
-    assert advs("e2") == [] and advs("e5") == []  # all-equal groups: nothing to learn
+    # all-equal groups: advantage 0, and the samples stay in the batch (the reference's)
+    assert advs("e2") == [0.0] * 4 and advs("e5") == [0.0] * 4
     samples, zero = agent_samples(eps, rt.cfg.agent)
-    assert len(samples) == 8 + 4 + 3 and zero == 4 + 4  # e1, e3, e4 trained; e2, e5 zero
+    assert len(samples) == 8 + 4 + 4 + 3 + 4 and zero == 4 + 4  # e2, e5: zero advantage
 
 
 @pytest.mark.parametrize("mode, later_rounds_hinted", [("regen", False), ("every_step", True)])
