@@ -18,10 +18,10 @@ from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import (
     designer_advantages,
     designer_reward,
-    ema,
     matched_regret,
     regret,
     role_balance_scale,
+    slow_baseline,
     win_rate,
     wins,
 )
@@ -49,6 +49,7 @@ class Window:
         default_factory=lambda: defaultdict(list)
     )
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def active_skills(skills: tuple[str, ...], epoch: int, k: int) -> list[str]:
@@ -239,6 +240,7 @@ async def score(
         if ep.status in FAULT_STATUSES:
             if window is not None:
                 window.faults[ep.env_id] += 1
+                window.timeouts[ep.env_id] += ep.status == "timeout"
             continue
         if ep.status == "engine_error":  # no play happened: the reference drops FAILED plays
             continue
@@ -271,20 +273,37 @@ def score_designs(
 ) -> tuple[list[DesignSample], list[float], list[float], list[bool]]:
     """The window's scored designer samples, their rewards, advantages and keep-mask.
 
-    A broken first attempt is worth 0; an environment that crashed or timed out earns the
-    fault penalty; a valid environment that got no no-hint play in the window (all its
-    groups dropped as stale) is left out, unscored. Regret pairs the hinted plays with the
-    no-hint plays of the same policy versions; the win rate uses every no-hint play."""
+    A broken first attempt is worth 0. A faulted environment earns the fault penalty: with
+    ``rewards.fault_penalty = 'reference'`` only under 'regret' and only for a step timeout
+    (``recompute_delayed_env_rewards_regret``'s STEP_TIMEOUT_PENALTY; the other variants
+    score the plays that completed), with 'always' for any crash or timeout. A valid
+    environment that got no no-hint play in the window (all its groups dropped as stale, or
+    every play faulted) is left out, unscored. 'blend' pairs the hinted plays with the
+    no-hint plays of the same policy versions, 'regret' with every no-hint play of the
+    window; the win rate uses every no-hint play. 'learning_potential' moves each skill's
+    slow baseline with the skill's pooled no-hint plays first, then scores
+    ``|win rate - baseline|`` (the reference's delayed LP update)."""
     cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
     scored: list[DesignSample] = []
     values: list[float | None] = []
     rates: dict[str, list[float]] = defaultdict(list)
+    if cfg.variant == "learning_potential":  # update before use, pooled plays per skill
+        pooled: dict[str, list[float]] = defaultdict(list)
+        for s in window.samples:
+            if s.verdict.valid and s.env_id is not None:
+                pooled[s.skill] += [r for _, r in window.plain_plays.get(s.env_id, [])]
+        for skill, plays in pooled.items():
+            if plays:
+                prev = rt.state.skill_ema.get(skill)
+                rt.state.skill_ema[skill] = slow_baseline(
+                    prev, sum(plays) / len(plays), cfg.lp_slow_weight
+                )
     for s in window.samples:
         if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
             scored.append(s)
             values.append(0.0)
             continue
-        if window.faults.get(s.env_id):
+        if _penalised(cfg, window, s.env_id):
             scored.append(s)
             values.append(None)
             continue
@@ -293,22 +312,22 @@ def score_designs(
             rt.meters.count("designer/unscored")
             continue
         rate = win_rate(plain, thr, cfg.win_rate)
+        hinted = window.hint_plays.get(s.env_id, [])
+        if cfg.variant == "regret":
+            r = _mean_of([x for _, x in hinted]) - _mean_of(plain) if hinted else 0.0
+        else:
+            r = matched_regret(hinted, window.plain_plays[s.env_id])
         scored.append(s)
         values.append(
             designer_reward(
                 cfg,
-                regret_value=matched_regret(
-                    window.hint_plays.get(s.env_id, []), window.plain_plays[s.env_id]
-                ),
+                regret_value=r,
                 nohint_win_rate=rate,
                 nohint_rewards=plain,
                 slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
             )
         )
         rates[s.skill].append(rate)
-    for skill, vals in rates.items():  # the slow baseline moves after the window is scored
-        prev = rt.state.skill_ema.get(skill)
-        rt.state.skill_ema[skill] = ema(prev, sum(vals) / len(vals), cfg.ema_decay)
     # a broken first attempt scores 0 whatever its retry became: the retry's duplicate flag
     # belongs to the retry's environment, not to the trained attempt
     rewards, adv, keep = designer_advantages(
@@ -318,6 +337,16 @@ def score_designs(
         duplicate=[s.duplicate and s.verdict.valid for s in scored],
     )
     return scored, rewards, adv, keep
+
+
+def _penalised(cfg, window: Window, env_id: str) -> bool:
+    if cfg.fault_penalty == "always":
+        return bool(window.faults.get(env_id))
+    return cfg.variant == "regret" and bool(window.timeouts.get(env_id))
+
+
+def _mean_of(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
 
 
 async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
