@@ -73,11 +73,11 @@ def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
             out.episodes += 1
             out.zero_advantage += adv == 0.0
             samples = _episode_samples(ep, adv, cfg.thinking_fanout)
-            if cfg.compact_filter and ep.status in COMPACT_STATUSES:
-                out.filtered += len(samples)
-                out.slots.extend([None] * len(samples))
-            else:
-                out.slots.extend(samples)
+            compact = cfg.compact_filter and ep.status in COMPACT_STATUSES
+            for s in samples:  # a masked-out sample (compact filter, malformed tool calls)
+                empty = compact or not any(s.loss_mask)  # counts but trains nothing
+                out.filtered += empty
+                out.slots.append(None if empty else s)
     return out
 
 
@@ -104,7 +104,7 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
     for (start, end), version in zip(ep.turn_spans, ep.turn_versions, strict=True):
         if end <= start:
             continue
-        mask = [0] * start + [1] * (end - start)
+        mask = [0] * start + list(ep.loss_mask[start:end])  # malformed turns stay masked
         out.append(
             Sample(
                 token_ids=ep.token_ids[:end],

@@ -229,6 +229,11 @@ def check(cfg: Config) -> None:
     )
     if bad:
         raise ConfigError(bad)
+    if cfg.designer.llm_validator:
+        raise ConfigError(
+            "designer.llm_validator = true: the reference's LLM environment validator is not "
+            "implemented here; set it false (our validation gates still run)"
+        )
     budget = check_budgets(cfg)
     if budget:
         raise ConfigError(budget)

@@ -3,8 +3,9 @@
 Skill: Pattern_Recognition. Setting: games.
 
 A demo game for the embedded 135M model (configs/cpu-demo.toml): three common letters are
-drawn; the reply's boxed word scores the share of them it contains (1.0 for all three), an
-unboxed reply half of that. One move ends the game, so every play has a graded outcome.
+drawn; the reply's boxed word scores the share of them it contains (1.0 for all three); an
+unboxed reply is judged by its first word, at half that. One move ends the game, so every
+play has a graded outcome.
 
 Action: \\boxed{word}
 """
@@ -34,7 +35,8 @@ class LetterHuntEnv:
             return "The game is over.", 0.0, True, False, {}
         text = action or ""
         match = re.search(r"\\boxed\{([^{}]*)\}", text)
-        word = (match.group(1) if match else text).lower()
+        words = text.split()
+        word = (match.group(1) if match else (words[0] if words else "")).lower()
         found = [c for c in self.letters if c in word]
         share = len(found) / len(self.letters)
         reward = round(share if match else 0.5 * share, 3)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -169,6 +170,26 @@ def boxed_content(text: str) -> str | None:
     return None
 
 
+def malformed_tool_call(reply: str) -> bool:
+    """The reply opens a ``<tool_call>`` but no block parses as a call (a JSON object with a
+    string ``name``; ``arguments`` an object when present): the reference's
+    SPARE_MASK_MALFORMED_TOOLCALL condition (``"<tool_call>" in raw_action`` and no call)."""
+    if "<tool_call>" not in reply:
+        return False
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", reply, re.DOTALL):
+        try:
+            call = json.loads(body.strip())
+        except ValueError:
+            continue
+        if (
+            isinstance(call, dict)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("arguments", {}), dict)
+        ):
+            return False
+    return True
+
+
 def parse_action(reply: str) -> str:
     """What a games ``step()`` receives: ``\\boxed{X}`` for the reply's boxed answer X, or the
     stripped reply when it boxes nothing (an empty box counts as nothing)."""
@@ -233,6 +254,8 @@ async def play_episode(
             start = len(conv.token_ids)
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
+            if tool_use and cfg.mask_malformed_tool_calls and malformed_tool_call(res.text):
+                conv.loss_mask[start:] = [0] * (len(conv.token_ids) - start)  # kept as context
             versions.append(res.policy(version))  # the engine's, for the tokens it generated
             if res.finish_reason == "length" and cfg.cut_reply == "end":  # no EOS: reward 0
                 status = "reply_cut"

@@ -20,7 +20,7 @@ import numpy as np
 from spade_async.config import Doc
 from spade_async.envs.extract import extract_code
 from spade_async.envs.pool import EnvPool
-from spade_async.envs.validate import Verdict, validate_source
+from spade_async.envs.validate import ValidateConfig, Verdict, validate_source
 from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
@@ -77,6 +77,17 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "one is valid (reference: 5 attempts per environment)",
     ) = 4
     validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
+    gates: Doc(
+        Literal["strict", "reference"],
+        "validation gates: strict (ours: determinism, garbage probes, solution replay) or "
+        "reference (load, reset, 3 steps; ablation). Strict gates score 0 designs the "
+        "reference would accept, so they change designer rewards",
+    ) = "strict"
+    llm_validator: Doc(
+        bool,
+        "the reference's LLM environment validator (--spare-use-env-validator, tool-use "
+        "recipes): not implemented; true is refused at start",
+    ) = False
     family: Doc(
         str, "environment family whose parameters the designer writes ('' = free-form code)"
     ) = ""
@@ -260,7 +271,9 @@ async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | 
     if not source:
         why = fam.no_parameter if fam else "the reply holds no Python code"
         return None, Verdict(valid=False, stage="syntax", reason=why)
-    return source, await validate_source(source, pool=pool, seeds=cfg.validation_seeds)
+    return source, await validate_source(
+        source, pool=pool, seeds=cfg.validation_seeds, config=ValidateConfig(gates=cfg.gates)
+    )
 
 
 async def _record(

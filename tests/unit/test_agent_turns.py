@@ -119,3 +119,45 @@ def test_turn_budget_is_the_context_left_less_64(tokenizer_path):
     # context with 64 or fewer tokens left: the episode ends before generating
     ep, client, _ = _play(tokenizer_path, replies, max_episode_tokens=prompt + 64)
     assert (ep.status, ep.turns, client.requests) == ("token_limit", 0, [])
+
+
+@pytest.mark.parametrize(
+    "reply, malformed",
+    [
+        ('<tool_call>{"name": "find", "arguments": {"q": 1}}</tool_call>', False),
+        ('<tool_call>{"name": "find"}</tool_call>', False),
+        ("<tool_call>find(q=1)</tool_call>", True),
+        ('<tool_call>{"arguments": {}}</tool_call>', True),
+        ('<tool_call>{"name": "find", "arguments": "q"}</tool_call>', True),
+        ("<tool_call>unclosed", True),
+        ("<answer>42</answer>", False),  # no tool call at all: nothing to mask
+    ],
+)
+def test_malformed_tool_call(reply, malformed):
+    from spade_async.roles.agent import malformed_tool_call
+
+    assert malformed_tool_call(reply) is malformed
+
+
+def test_a_malformed_tool_call_turn_is_masked_and_an_all_masked_episode_trains_nothing():
+    from spade_async.batcher import agent_batch
+    from spade_async.roles.agent import Episode
+
+    def ep(mask, reward):
+        return Episode(env_id="e", seed=0, hinted=False, token_ids=[1, 2, 3, 4, 5],
+                       loss_mask=mask, logprobs=[0.0] * 5, turn_spans=[(1, 3), (4, 5)],
+                       turn_versions=[0, 0], reward=reward, status="terminated", turns=2,
+                       messages=[])  # fmt: skip
+
+    # episode 1: its first turn was malformed (masked); episode 2: every turn masked
+    eps = [ep([0, 0, 0, 0, 1], 1.0), ep([0, 0, 0, 0, 0], 0.0)]
+    b = agent_batch(eps, AgentConfig())
+    assert b.slots[0].loss_mask == [0, 0, 0, 0, 1] and b.slots[1] is None
+    assert (b.episodes, b.filtered) == (2, 1)
+    fan = agent_batch(eps, AgentConfig(thinking_fanout=True))  # per turn, masks respected
+    assert [None if s is None else s.loss_mask for s in fan.slots] == [
+        None,
+        [0, 0, 0, 0, 1],
+        None,
+        None,
+    ]
