@@ -145,7 +145,9 @@ def _scored(**overrides):
     anyio.run(cycle.score, rt, step5, window)
     anyio.run(cycle.score, rt, step6, window)
     scored, rewards, _, _ = cycle.score_designs(rt, window)
-    return rt, {s.env_id if s.verdict.valid else "broken": r for s, r in zip(scored, rewards)}
+    return rt, {
+        s.env_id if s.verdict.valid else "broken": r for s, r in zip(scored, rewards, strict=True)
+    }
 
 
 def test_reference_fault_penalty_blend_scores_the_plays_that_completed():

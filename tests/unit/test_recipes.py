@@ -21,19 +21,31 @@ GPU = [n for n in ALL if n.startswith("qwen3-") and "node" not in n]  # one node
 # reference's 4B and 30B recipes train the Instruct-2507 (non-thinking) checkpoints.
 EXPECTED = {
     "qwen3-4b-games.toml": (
-        "/models/Qwen3-4B-Instruct-2507", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.0
+        "/models/Qwen3-4B-Instruct-2507",
+        [[0], [1], [2], [3]],
+        [4, 5, 6, 7],
+        0.0,
     ),
     "qwen3-4b-tool-use.toml": (
-        "/models/Qwen3-4B-Instruct-2507", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005
+        "/models/Qwen3-4B-Instruct-2507",
+        [[0], [1], [2], [3]],
+        [4, 5, 6, 7],
+        0.005,
     ),
     "qwen3-8b-games.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-8b-tool-use.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-8b-fixed-pool.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-30b-a3b-games.toml": (
-        "/models/Qwen3-30B-A3B-Instruct-2507", [[0, 1]], [2, 3, 4, 5, 6, 7], 0.0
+        "/models/Qwen3-30B-A3B-Instruct-2507",
+        [[0, 1]],
+        [2, 3, 4, 5, 6, 7],
+        0.0,
     ),
     "qwen3-30b-a3b-tool-use.toml": (
-        "/models/Qwen3-30B-A3B-Instruct-2507", [[0, 1]], [2, 3, 4, 5, 6, 7], 0.005
+        "/models/Qwen3-30B-A3B-Instruct-2507",
+        [[0, 1]],
+        [2, 3, 4, 5, 6, 7],
+        0.005,
     ),
 }
 

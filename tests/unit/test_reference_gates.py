@@ -35,9 +35,7 @@ def _verdicts(source):
     async def main():
         async with EnvPool(PoolConfig(max_workers=2)) as pool:
             strict = await validate_source(source, pool=pool)
-            ref = await validate_source(
-                source, pool=pool, config=ValidateConfig(gates="reference")
-            )
+            ref = await validate_source(source, pool=pool, config=ValidateConfig(gates="reference"))
             return strict, ref
 
     return anyio.run(main)
