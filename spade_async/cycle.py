@@ -8,6 +8,7 @@ are counted in metrics.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -185,11 +186,27 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     return hints
 
 
+def plays_per_env(cfg, n_envs: int) -> int:
+    """No-hint plays per environment: the reference's ``ceil(global_batch / games played)``
+    (its collect stage), so a step whose designs partly failed still fills the batch; with
+    ``agent.plays_per_env = 'fixed'`` or no global batch (``batch_samples`` 0),
+    ``agent.plays_nohint``."""
+    if cfg.agent.plays_per_env == "fill_batch" and cfg.batch_samples > 0 and n_envs > 0:
+        return math.ceil(cfg.batch_samples / n_envs)
+    return cfg.agent.plays_nohint
+
+
 async def play(
-    rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], version: int
+    rt: Runtime,
+    envs: list[EnvRef],
+    hints: dict[str, str | None],
+    version: int,
+    plays_nohint: int | None = None,
 ) -> list[Episode]:
-    """Every environment's no-hint plays, and its hinted plays on the same seeds (paired)."""
+    """Every environment's no-hint plays (``plays_nohint``, default ``agent.plays_nohint``),
+    and its hinted plays on the same seeds (paired)."""
     cfg = rt.cfg.agent
+    n_plain = cfg.plays_nohint if plays_nohint is None else plays_nohint
     limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
     episodes: list[Episode] = []
 
@@ -215,9 +232,9 @@ async def play(
     async with anyio.create_task_group() as tg:
         for env in envs:
             seeds = [
-                int(s) for s in rt.rng.integers(2**31, size=max(cfg.plays_nohint, cfg.plays_hint))
+                int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))
             ]
-            for seed in seeds[: cfg.plays_nohint]:
+            for seed in seeds[:n_plain]:
                 tg.start_soon(one, env, seed, None)
             hint = hints.get(env.env_id)
             if hint:

@@ -69,6 +69,11 @@ TOOL_SYSTEM = (
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     plays_nohint: Doc(int, "episodes per environment without the hint") = 16
     plays_hint: Doc(int, "episodes per environment with the hint (for regret)") = 16
+    plays_per_env: Doc(
+        Literal["fill_batch", "fixed"],
+        "fill_batch: ceil(batch_samples / environments played) no-hint plays each (the "
+        "reference's collect stage; plays_nohint when batch_samples is 0); fixed: plays_nohint",
+    ) = "fill_batch"
     train_on_hinted: Doc(
         bool, "also train the agent on hinted plays (privileged; off in SPADE)"
     ) = False

@@ -142,7 +142,13 @@ def test_gpu_recipe_reference_hyper_parameters(name):
     # one grounding document per environment; the global batch over the environments
     envs = d.skills_per_regen * d.prompts_per_skill * d.samples_per_prompt
     assert envs == (16 if name == "qwen3-4b-tool-use.toml" else 24)
-    assert a.plays_nohint == gbs // envs
+    assert a.plays_nohint == gbs // envs and a.plays_per_env == "fill_batch"
+    from spade_async.cycle import plays_per_env
+
+    # the reference's ceil(global batch / games played): 17 valid of 24 -> 12 plays each
+    assert plays_per_env(cfg, envs) == nohint
+    assert plays_per_env(cfg, 17) == -(-gbs // 17)
+    assert plays_per_env(msgspec.structs.replace(cfg, batch_samples=0), 17) == nohint
     assert (cfg.hint.temperature, cfg.mode, d.samples_per_prompt) == (0.3, "spade", 1)
     assert (d.retries, d.difficulty) == (4, "medium")
 
