@@ -231,9 +231,7 @@ async def play(
 
     async with anyio.create_task_group() as tg:
         for env in envs:
-            seeds = [
-                int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))
-            ]
+            seeds = [int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))]
             for seed in seeds[:n_plain]:
                 tg.start_soon(one, env, seed, None)
             hint = hints.get(env.env_id)
@@ -303,13 +301,13 @@ def score_designs(
     cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
     scored: list[DesignSample] = []
     values: list[float | None] = []
-    rates: dict[str, list[float]] = defaultdict(list)
     if cfg.variant == "learning_potential":  # update before use, pooled plays per skill
-        pooled: dict[str, list[float]] = defaultdict(list)
+        games: dict[str, set[str]] = defaultdict(set)
         for s in window.samples:
             if s.verdict.valid and s.env_id is not None:
-                pooled[s.skill] += [r for _, r in window.plain_plays.get(s.env_id, [])]
-        for skill, plays in pooled.items():
+                games[s.skill].add(s.env_id)
+        for skill, ids in games.items():
+            plays = [r for e in sorted(ids) for _, r in window.plain_plays.get(e, [])]
             if plays:
                 prev = rt.state.skill_ema.get(skill)
                 rt.state.skill_ema[skill] = slow_baseline(
@@ -344,7 +342,6 @@ def score_designs(
                 slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
             )
         )
-        rates[s.skill].append(rate)
     # a broken first attempt scores 0 whatever its retry became: the retry's duplicate flag
     # belongs to the retry's environment, not to the trained attempt
     rewards, adv, keep = designer_advantages(
