@@ -148,6 +148,62 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def engine_context(cfg: Config) -> int | None:
+    """The SGLang engines' context length when the recipe sets one (``--context-length N``
+    in ``engine.extra_args``); None: the model's own, unknown before the model loads."""
+    args = list(cfg.engine.extra_args)
+    for i, a in enumerate(args):
+        value = a.split("=", 1)[1] if a.startswith("--context-length=") else None
+        if a == "--context-length" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def check_budgets(cfg: Config) -> str | None:
+    """A token budget the engine cannot serve, as one line (None: fine).
+
+    An agent turn gets min(max_turn_tokens, context left - 64) (the reference's reserve): a
+    context (``agent.max_episode_tokens``) that cannot hold a prompt plus the whole turn
+    budget cuts every first turn short. An engine context (``--context-length``) below the
+    agent's context, or below a designer prompt (at least ``corpus.max_words`` tokens of
+    document) plus ``designer.max_new_tokens``, refuses those requests."""
+    from spade_async.roles.agent import MIN_TURN_TOKENS
+
+    a = cfg.agent
+    if a.max_turn_tokens < 1:
+        return f"agent.max_turn_tokens = {a.max_turn_tokens}: must be >= 1"
+    need = a.max_turn_tokens + MIN_TURN_TOKENS + 1
+    if a.max_episode_tokens < need:
+        return (
+            f"agent.max_episode_tokens ({a.max_episode_tokens}) cannot hold a prompt plus the "
+            f"turn budget: agent.max_turn_tokens ({a.max_turn_tokens}) + the 64-token reserve "
+            f"+ a prompt needs more than {need - 1}; raise max_episode_tokens or lower "
+            "max_turn_tokens"
+        )
+    ctx = engine_context(cfg) if cfg.engine.kind == "sglang" else None
+    if ctx is None:
+        return None
+    if a.max_episode_tokens > ctx:
+        return (
+            f"agent.max_episode_tokens ({a.max_episode_tokens}) exceeds the engine's context "
+            f"(--context-length {ctx} in engine.extra_args); raise the context or lower "
+            "max_episode_tokens"
+        )
+    words = cfg.corpus.max_words if cfg.designer.use_corpus else 0
+    if cfg.designer_enabled and cfg.designer.max_new_tokens + words >= ctx:
+        return (
+            f"designer.max_new_tokens ({cfg.designer.max_new_tokens}) + a prompt of at least "
+            f"corpus.max_words ({words}) tokens does not fit the engine's context "
+            f"(--context-length {ctx}); raise the context or lower them"
+        )
+    return None
+
+
 def check(cfg: Config) -> None:
     """Contradictions fail at start with one line."""
     check_placement(cfg)
@@ -173,6 +229,14 @@ def check(cfg: Config) -> None:
     )
     if bad:
         raise ConfigError(bad)
+    if cfg.designer.llm_validator:
+        raise ConfigError(
+            "designer.llm_validator = true: the reference's LLM environment validator is not "
+            "implemented here; set it false (our validation gates still run)"
+        )
+    budget = check_budgets(cfg)
+    if budget:
+        raise ConfigError(budget)
     if cfg.max_steps < 1 or cfg.regen_interval < 1:
         raise ConfigError("max_steps and regen_interval must be at least 1")
     if cfg.max_staleness < 0:

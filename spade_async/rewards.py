@@ -3,9 +3,10 @@
 Agent: outcome-only reward (the final step's reward clipped to [-1, 1] when the episode
 terminated, else 0; a step timeout scores -0.5), GRPO z-scores over each environment's plays.
 
-Designer: hint-based regret ``max(0, mean R(hint) - mean R(no hint))`` -- the no-hint plays
-taken at the policy versions that played the hinted ones (the reference's matched timing) --
-and the window's win rate (mean raw no-hint reward, as the reference) turned into a value by
+Designer: hint-based regret ``mean R(hint) - mean R(no hint)`` -- for 'blend' the no-hint
+plays taken at the policy versions that played the hinted ones (the reference's matched
+timing), for 'regret' every no-hint play of the window, floored at 0 and unscaled, as the
+reference's ``recompute_delayed_env_rewards_regret`` -- and the window's win rate (mean raw no-hint reward, as the reference) turned into a value by
 one of the variants below. A negative value masks the sample out *before* per-skill centring
 (masked samples never move their skill's mean); penalties (near-duplicate, an environment
 that crashed or timed out) are applied after that decision, so they always reach the
@@ -55,9 +56,11 @@ class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         True
     )
     max_role_scale: Doc(float, "cap of the designer role-balance scale") = 50.0
-    ema_decay: Doc(float, "'learning_potential': decay of the slow per-skill EMA of win rates") = (
-        0.9
-    )
+    lp_slow_weight: Doc(
+        float,
+        "'learning_potential': weight of the newest window's win rate in the slow per-skill "
+        "baseline, updated before use (reference --spare-gamma2 0.85)",
+    ) = 0.85
     timeout_reward: Doc(float, "agent reward for an episode ended by an environment timeout") = (
         TIMEOUT_REWARD
     )
@@ -72,8 +75,13 @@ class RewardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ) = "regen"
     env_fault_reward: Doc(
         float,
-        "designer reward (never masked) of an environment whose plays crashed or timed out",
+        "designer reward (never masked) of a faulted environment (see fault_penalty)",
     ) = TIMEOUT_REWARD
+    fault_penalty: Doc(
+        Literal["reference", "always"],
+        "reference: only 'regret' penalises, and only step timeouts (other variants score the "
+        "plays that completed); always: any crash or timeout, every variant",
+    ) = "reference"
 
 
 def check(cfg: RewardConfig, *, hints: bool, designer_train: bool) -> str | None:
@@ -162,8 +170,8 @@ def designer_reward(
     """The configured variant's value (penalties come after masking: ``designer_advantages``)."""
     r_term = min(1.0, max(0.0, regret_value / cfg.regret_scale))
     match cfg.variant:
-        case "regret":
-            value = r_term
+        case "regret":  # recompute_delayed_env_rewards_regret: unscaled, floored at 0
+            value = max(0.0, regret_value)
         case "blend":
             w = cfg.blend_regret_weight
             r_blend = r_term if cfg.regret_floor else regret_value / cfg.regret_scale
@@ -233,6 +241,12 @@ def grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
 
 def ema(previous: float | None, value: float, decay: float = 0.95) -> float:
     return value if previous is None else decay * previous + (1 - decay) * value
+
+
+def slow_baseline(previous: float | None, value: float, newest_weight: float) -> float:
+    """The reference's ``LearningPotential.mu_slow`` update: the first value as is, then
+    ``(1 - w) * previous + w * value`` (w = --spare-gamma2, the weight on the newest)."""
+    return value if previous is None else (1 - newest_weight) * previous + newest_weight * value
 
 
 def _mean(xs: Sequence[float]) -> float:

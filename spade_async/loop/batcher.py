@@ -2,10 +2,17 @@
 
 Agent: GRPO z-scores over each environment's trained plays (no-hint plays; hinted ones too
 when ``agent.train_on_hinted``; an episode the environment crashed or the engine refused
-leaves the group, as in the reference -- a timeout stays, scored ``rewards.timeout_reward``); one sample per episode with the loss mask on agent tokens,
-or with thinking fan-out one sample per turn (the prefix up to that turn, mask on that turn
-only) each carrying the whole episode's advantage. Designer: the prompt + first-attempt
-reply, advantage = per-skill centred reward x role-balance scale; masked samples dropped.
+leaves the group, as in the reference -- a timeout stays, scored ``rewards.timeout_reward``);
+one sample per episode with the loss mask on agent tokens, or with thinking fan-out one
+sample per turn (the prefix up to that turn, mask on that turn only) each carrying the whole
+episode's advantage. A zero-advantage sample stays in the batch (the reference's
+``spare_rollout.py`` keeps every actor trajectory; slime divides the loss by the global
+batch, so it counts in the denominator and, with KL on, carries the KL gradient). With
+``agent.compact_filter`` an episode cut short (env truncation, turn or token limit, a reply
+without EOS: the reference's ``TRUNCATED``) keeps its place in its GRPO group and in the
+loss denominator but trains nothing (``--spare-compact-filter`` zeroes its loss mask).
+Designer: the prompt + first-attempt reply, advantage = per-skill centred reward x
+role-balance scale; masked samples dropped.
 
 Staleness: samples whose oldest token comes from a policy more than ``max_staleness``
 versions behind the trainer are dropped (and counted); younger ones reach the trainer with
@@ -19,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spade_async.rewards import grpo_advantages
-from spade_async.roles.agent import UNTRAINED_STATUSES, AgentConfig, Episode
+from spade_async.roles.agent import COMPACT_STATUSES, UNTRAINED_STATUSES, AgentConfig, Episode
 from spade_async.roles.designer import DesignSample
 from spade_async.trainer.batch import Sample
 
@@ -33,22 +40,52 @@ class BatchStats:
     masked_designer: int = 0
 
 
-def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[Sample], int]:
-    """Samples and how many episodes had zero advantage (nothing to learn)."""
+@dataclass
+class AgentBatch:
+    """The agent's share of one step.
+
+    ``slots``: trainer samples in episode order, ``None`` for a sample the compact filter
+    emptied (it counts in the loss denominator and the batch trim, and trains nothing).
+    ``episodes``: the actor trajectories of the step (every trained-role episode, whatever
+    its advantage) -- the reference's ``num_actor_trajectories`` for the role-balance scale.
+    """
+
+    slots: list[Sample | None]
+    zero_advantage: int = 0
+    episodes: int = 0
+    filtered: int = 0
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for s in self.slots if s is not None]
+
+
+def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
     groups: dict[tuple[str, bool], list[Episode]] = defaultdict(list)
     for ep in episodes:
         if ep.status in UNTRAINED_STATUSES:
             continue
         if ep.turn_spans and (cfg.train_on_hinted or not ep.hinted):
             groups[(ep.env_id, ep.hinted)].append(ep)
-    out, zero = [], 0
+    out = AgentBatch(slots=[])
     for eps in groups.values():
         for ep, adv in zip(eps, grpo_advantages([e.reward for e in eps]), strict=True):
-            if adv == 0.0:
-                zero += 1
-                continue
-            out.extend(_episode_samples(ep, adv, cfg.thinking_fanout))
-    return out, zero
+            out.episodes += 1
+            out.zero_advantage += adv == 0.0
+            samples = _episode_samples(ep, adv, cfg.thinking_fanout)
+            compact = cfg.compact_filter and ep.status in COMPACT_STATUSES
+            for s in samples:  # a masked-out sample (compact filter, malformed tool calls)
+                empty = compact or not any(s.loss_mask)  # counts but trains nothing
+                out.filtered += empty
+                out.slots.append(None if empty else s)
+    return out
+
+
+def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[Sample], int]:
+    """Trainer samples (zero-advantage ones included) and how many episodes had zero
+    advantage."""
+    b = agent_batch(episodes, cfg)
+    return b.samples, b.zero_advantage
 
 
 def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
@@ -67,7 +104,7 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
     for (start, end), version in zip(ep.turn_spans, ep.turn_versions, strict=True):
         if end <= start:
             continue
-        mask = [0] * start + [1] * (end - start)
+        mask = [0] * start + list(ep.loss_mask[start:end])  # malformed turns stay masked
         out.append(
             Sample(
                 token_ids=ep.token_ids[:end],
@@ -86,7 +123,7 @@ def designer_samples(
 ) -> list[Sample]:
     out = []
     for s, adv, k in zip(samples, advantages, keep, strict=True):
-        if not k or not s.output_ids or adv == 0.0:
+        if not k or not s.output_ids:  # masked, or nothing generated; zero advantage stays
             continue
         n = len(s.prompt_ids)
         out.append(
@@ -117,12 +154,27 @@ def drop_stale(
     return kept, len(samples) - len(kept)
 
 
-def trim_batch(samples: Sequence[Sample], limit: int) -> tuple[list[Sample], int]:
+def trim_batch(samples: Sequence[Sample | None], limit: int) -> tuple[list[Sample | None], int]:
     """The reference's per-step trim to its global batch (192): designer samples first, so
-    the trim sheds surplus agent samples and never the designer's; ``limit`` 0 keeps all."""
-    ordered = [s for s in samples if s.role == "designer"] + [
-        s for s in samples if s.role != "designer"
+    the trim sheds surplus agent samples and never the designer's; ``limit`` 0 keeps all.
+    ``None`` slots (compact-filtered agent samples) take their place like any agent sample."""
+    ordered = [s for s in samples if s is not None and s.role == "designer"] + [
+        s for s in samples if s is None or s.role != "designer"
     ]
     if limit <= 0 or len(ordered) <= limit:
         return ordered, 0
     return ordered[:limit], len(ordered) - limit
+
+
+def loss_normaliser(n_real: int, limit: int, *, kl_coef: float, entropy_coef: float) -> float:
+    """How many samples the step's sample-mean loss divides by, as the reference's.
+
+    slime divides by the (dynamic) global batch; ``spare_rollout.py`` pads a short batch to
+    ``--global-batch-size`` with inert copies and, when only the policy-gradient term is on
+    (no KL, no entropy), scales the real rewards by ``global_batch / n_real`` so the loss
+    divides by ``n_real``: every real sample, zero-advantage and compact-filtered ones
+    included. With KL or entropy on it does not rescale and a short batch divides by the
+    global batch. ``limit`` 0 (no global batch): ``n_real``."""
+    if limit > 0 and n_real < limit and (kl_coef != 0.0 or entropy_coef != 0.0):
+        return float(limit)
+    return float(max(n_real, 1))

@@ -8,6 +8,7 @@ are counted in metrics.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,10 +20,10 @@ from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import (
     designer_advantages,
     designer_reward,
-    ema,
     matched_regret,
     regret,
     role_balance_scale,
+    slow_baseline,
     win_rate,
     wins,
 )
@@ -50,6 +51,7 @@ class Window:
         default_factory=lambda: defaultdict(list)
     )
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def active_skills(skills: tuple[str, ...], epoch: int, k: int) -> list[str]:
@@ -189,11 +191,27 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     return hints
 
 
+def plays_per_env(cfg, n_envs: int) -> int:
+    """No-hint plays per environment: the reference's ``ceil(global_batch / games played)``
+    (its collect stage), so a step whose designs partly failed still fills the batch; with
+    ``agent.plays_per_env = 'fixed'`` or no global batch (``batch_samples`` 0),
+    ``agent.plays_nohint``."""
+    if cfg.agent.plays_per_env == "fill_batch" and cfg.batch_samples > 0 and n_envs > 0:
+        return math.ceil(cfg.batch_samples / n_envs)
+    return cfg.agent.plays_nohint
+
+
 async def play(
-    rt: Runtime, envs: list[EnvRef], hints: dict[str, str | None], version: int
+    rt: Runtime,
+    envs: list[EnvRef],
+    hints: dict[str, str | None],
+    version: int,
+    plays_nohint: int | None = None,
 ) -> list[Episode]:
-    """Every environment's no-hint plays, and its hinted plays on the same seeds (paired)."""
+    """Every environment's no-hint plays (``plays_nohint``, default ``agent.plays_nohint``),
+    and its hinted plays on the same seeds (paired)."""
     cfg = rt.cfg.agent
+    n_plain = cfg.plays_nohint if plays_nohint is None else plays_nohint
     limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
     episodes: list[Episode] = []
 
@@ -219,10 +237,8 @@ async def play(
 
     async with anyio.create_task_group() as tg:
         for env in envs:
-            seeds = [
-                int(s) for s in rt.rng.integers(2**31, size=max(cfg.plays_nohint, cfg.plays_hint))
-            ]
-            for seed in seeds[: cfg.plays_nohint]:
+            seeds = [int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))]
+            for seed in seeds[:n_plain]:
                 tg.start_soon(one, env, seed, None)
             hint = hints.get(env.env_id)
             if hint:
@@ -236,13 +252,18 @@ async def score(
 ) -> dict[str, list[float]]:
     """Per-environment statistics into memory (and the designer window); returns the
     regrets and no-hint win rates of the environments scored, for the dashboard. Plays the
-    environment crashed or timed out count as its faults, not as plays."""
+    environment crashed or timed out count as its faults, not as plays; a play the engine
+    refused (``engine_error``) is no play at all (the reference drops FAILED trajectories
+    from its accumulation)."""
     thr, how = rt.cfg.agent.success_threshold, rt.cfg.rewards.win_rate
     by_env: dict[str, tuple[list[Episode], list[Episode]]] = defaultdict(lambda: ([], []))
     for ep in episodes:
         if ep.status in FAULT_STATUSES:
             if window is not None:
                 window.faults[ep.env_id] += 1
+                window.timeouts[ep.env_id] += ep.status == "timeout"
+            continue
+        if ep.status == "engine_error":  # no play happened: the reference drops FAILED plays
             continue
         by_env[ep.env_id][0 if ep.hinted else 1].append(ep)
     regrets, rates = [], []
@@ -273,20 +294,37 @@ def score_designs(
 ) -> tuple[list[DesignSample], list[float], list[float], list[bool]]:
     """The window's scored designer samples, their rewards, advantages and keep-mask.
 
-    A broken first attempt is worth 0; an environment that crashed or timed out earns the
-    fault penalty; a valid environment that got no no-hint play in the window (all its
-    groups dropped as stale) is left out, unscored. Regret pairs the hinted plays with the
-    no-hint plays of the same policy versions; the win rate uses every no-hint play."""
+    A broken first attempt is worth 0. A faulted environment earns the fault penalty: with
+    ``rewards.fault_penalty = 'reference'`` only under 'regret' and only for a step timeout
+    (``recompute_delayed_env_rewards_regret``'s STEP_TIMEOUT_PENALTY; the other variants
+    score the plays that completed), with 'always' for any crash or timeout. A valid
+    environment that got no no-hint play in the window (all its groups dropped as stale, or
+    every play faulted) is left out, unscored. 'blend' pairs the hinted plays with the
+    no-hint plays of the same policy versions, 'regret' with every no-hint play of the
+    window; the win rate uses every no-hint play. 'learning_potential' moves each skill's
+    slow baseline with the skill's pooled no-hint plays first, then scores
+    ``|win rate - baseline|`` (the reference's delayed LP update)."""
     cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
     scored: list[DesignSample] = []
     values: list[float | None] = []
-    rates: dict[str, list[float]] = defaultdict(list)
+    if cfg.variant == "learning_potential":  # update before use, pooled plays per skill
+        games: dict[str, set[str]] = defaultdict(set)
+        for s in window.samples:
+            if s.verdict.valid and s.env_id is not None:
+                games[s.skill].add(s.env_id)
+        for skill, ids in games.items():
+            plays = [r for e in sorted(ids) for _, r in window.plain_plays.get(e, [])]
+            if plays:
+                prev = rt.state.skill_ema.get(skill)
+                rt.state.skill_ema[skill] = slow_baseline(
+                    prev, sum(plays) / len(plays), cfg.lp_slow_weight
+                )
     for s in window.samples:
         if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
             scored.append(s)
             values.append(0.0)
             continue
-        if window.faults.get(s.env_id):
+        if _penalised(cfg, window, s.env_id):
             scored.append(s)
             values.append(None)
             continue
@@ -295,26 +333,40 @@ def score_designs(
             rt.meters.count("designer/unscored")
             continue
         rate = win_rate(plain, thr, cfg.win_rate)
+        hinted = window.hint_plays.get(s.env_id, [])
+        if cfg.variant == "regret":
+            r = _mean_of([x for _, x in hinted]) - _mean_of(plain) if hinted else 0.0
+        else:
+            r = matched_regret(hinted, window.plain_plays[s.env_id])
         scored.append(s)
         values.append(
             designer_reward(
                 cfg,
-                regret_value=matched_regret(
-                    window.hint_plays.get(s.env_id, []), window.plain_plays[s.env_id]
-                ),
+                regret_value=r,
                 nohint_win_rate=rate,
                 nohint_rewards=plain,
                 slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
             )
         )
-        rates[s.skill].append(rate)
-    for skill, vals in rates.items():  # the slow baseline moves after the window is scored
-        prev = rt.state.skill_ema.get(skill)
-        rt.state.skill_ema[skill] = ema(prev, sum(vals) / len(vals), cfg.ema_decay)
+    # a broken first attempt scores 0 whatever its retry became: the retry's duplicate flag
+    # belongs to the retry's environment, not to the trained attempt
     rewards, adv, keep = designer_advantages(
-        cfg, values, [s.skill for s in scored], duplicate=[s.duplicate for s in scored]
+        cfg,
+        values,
+        [s.skill for s in scored],
+        duplicate=[s.duplicate and s.verdict.valid for s in scored],
     )
     return scored, rewards, adv, keep
+
+
+def _penalised(cfg, window: Window, env_id: str) -> bool:
+    if cfg.fault_penalty == "always":
+        return bool(window.faults.get(env_id))
+    return cfg.variant == "regret" and bool(window.timeouts.get(env_id))
+
+
+def _mean_of(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
 
 
 async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
@@ -339,13 +391,18 @@ def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
         rt.run_dir.save_transcript(f"step-{rt.state.step:05d}-{i}", transcript(ep))
 
 
-async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> dict[str, float]:
+async def train_and_push(
+    rt: Runtime, samples: list[Sample], *, pause: bool, normaliser: float = 0.0
+) -> dict[str, float]:
     """One trainer step, then the weights to every engine (paused around the push when
     generation is in flight); the engines' version becomes the trainer's.
 
     Colocated with memory release (``rt.release_memory``; sync schedule, engines idle), the
     engines give their GPU memory to the trainer first and take it back in slime's order:
-    release all -> train -> resume weights -> push -> resume the KV cache."""
+    release all -> train -> resume weights -> push -> resume the KV cache.
+
+    ``normaliser``: the sample count a sample-mean loss divides by (``batcher.loss_normaliser``;
+    0: the batch's own count)."""
     if not samples:
         rt.meters.count("train/empty_batches")
         return {}
@@ -356,7 +413,9 @@ async def train_and_push(rt: Runtime, samples: list[Sample], *, pause: bool) -> 
         died = ""
         try:
             with rt.meters.busy("train"):  # phases of the trainer's busy time (report)
-                metrics = await rt.trainer.train_step(Batch(samples=samples))
+                metrics = await rt.trainer.train_step(
+                    Batch(samples=samples, loss_normaliser=normaliser)
+                )
         except TrainerDied as exc:
             died, metrics = str(exc), {}
         if rt.release_memory:
@@ -389,6 +448,61 @@ async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
     return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
 
 
+@dataclass
+class StepBatch:
+    """What one trainer step takes: its samples, the count its sample-mean loss divides by,
+    and for the metrics the zero-advantage episodes and the window's mean designer reward."""
+
+    samples: list[Sample]
+    normaliser: float
+    zero_advantage: int
+    designer_mean: float | None
+
+
+async def step_batch(
+    rt: Runtime, episodes: list[Episode], window: Window, *, window_ends: bool
+) -> StepBatch:
+    """Scored episodes (and, at the end of a window, its designer samples) -> the step's
+    batch: agent samples (zero-advantage ones kept), designer samples first, staleness
+    filter, the reference's trim to ``batch_samples`` and its loss normaliser."""
+    from spade_async.loop.batcher import agent_batch, drop_stale, loss_normaliser, trim_batch
+
+    cfg, st = rt.cfg, rt.state
+    agent = agent_batch(episodes, cfg.agent)
+    slots: list[Sample | None] = list(agent.slots)
+    designer_mean = None
+    if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
+        # the reference's scale counts every actor trajectory of the step (spare_rollout.py:
+        # len(actor_samples)), whatever its advantage, and episodes, not fanned-out turns
+        designer, designer_mean = await designer_batch(rt, window, agent.episodes)
+        slots += designer
+        window.samples = []  # each window is scored once
+    kept, stale = drop_stale(
+        [s for s in slots if s is not None],
+        version=st.version,
+        max_staleness=cfg.max_staleness,
+        designer_slack=cfg.regen_interval,
+    )
+    rt.meters.count("staleness/dropped", stale)
+    alive = {id(s) for s in kept}
+    slots = [s for s in slots if s is None or id(s) in alive]
+    slots, trimmed = trim_batch(slots, cfg.batch_samples)
+    rt.meters.count("batch/trimmed", trimmed)
+    rt.meters.count("batch/compact_filtered", sum(s is None for s in slots))
+    normaliser = loss_normaliser(
+        len(slots),
+        cfg.batch_samples,
+        kl_coef=cfg.trainer.kl_coef,
+        entropy_coef=cfg.trainer.entropy_coef,
+    )
+    return StepBatch(
+        samples=[s for s in slots if s is not None],
+        normaliser=normaliser,
+        zero_advantage=agent.zero_advantage,
+        designer_mean=designer_mean,
+    )
+
+
 async def learn(
     rt: Runtime,
     episodes: list[Episode],
@@ -401,27 +515,12 @@ async def learn(
     """Everything after play, for both schedules: score -> agent (and, at the end of a
     regeneration window, designer) samples -> staleness filter -> train + push -> log ->
     checkpoint."""
-    from spade_async.loop.batcher import agent_samples, drop_stale, trim_batch
-
     cfg, st = rt.cfg, rt.state
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
-    samples, zero_adv = agent_samples(episodes, cfg.agent)
-    designer_mean = None
-    if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
-        designer, designer_mean = await designer_batch(rt, window, len(samples))
-        samples += designer
-        window.samples = []  # each window is scored once
-    samples, stale = drop_stale(
-        samples,
-        version=st.version,
-        max_staleness=cfg.max_staleness,
-        designer_slack=cfg.regen_interval,
-    )
-    rt.meters.count("staleness/dropped", stale)
-    samples, trimmed = trim_batch(samples, cfg.batch_samples)
-    rt.meters.count("batch/trimmed", trimmed)
+    batch = await step_batch(rt, episodes, window, window_ends=window_ends)
+    samples, zero_adv, designer_mean = batch.samples, batch.zero_advantage, batch.designer_mean
     trained_at = st.version
-    train_metrics = await train_and_push(rt, samples, pause=pause)
+    train_metrics = await train_and_push(rt, samples, pause=pause, normaliser=batch.normaliser)
     st.step += 1
     write_transcripts(rt, episodes)
     record = step_record(

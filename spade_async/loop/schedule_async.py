@@ -84,13 +84,14 @@ async def producer(
                 if stop.is_set():
                     limiter.release()
                     break
-                tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter)
+                n = cycle.plays_per_env(cfg, len(envs))
+                tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter, n)
 
 
-async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter) -> None:
+async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter, n: int) -> None:
     try:
         async with send:
-            episodes = await cycle.play(rt, [env], hints, rt.state.version)
+            episodes = await cycle.play(rt, [env], hints, rt.state.version, n)
             await send.send(Group(env, episodes))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass  # the consumer is gone (shutdown): the group is an in-flight loss

@@ -6,6 +6,13 @@ the instance with the reply, append the observation's tokens, repeat until termi
 truncated, or a turn/token limit. Token ids, the loss mask (agent tokens only), the engine's
 rollout log-probs and the policy version of every turn are kept for the trainer.
 
+What ``step()`` receives is the reference's ``parse_action`` (``utils/parsing.py``): the
+visible reply (reasoning stripped) reduced to its first ``\\boxed{X}`` re-wrapped as
+``\\boxed{X}``, or the stripped reply when it boxes nothing; tool-use replies go whole. A
+turn cut by the token budget (no EOS: finish reason ``length``) ends the episode as
+``reply_cut``, reward 0, without reaching ``step()`` (``orchestrator.py``: a missing EOS
+marks the trajectory truncated).
+
 Environment failures during play (timeouts, crashes, bad outputs) are data: the episode
 ends with a status, never an exception. A timeout scores ``timeout_reward`` (the reference's
 -0.5, ``rewards.timeout_reward``); a crash or bad return is not the agent's fault: status
@@ -18,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +44,7 @@ Status = Literal[
     "truncated",
     "turn_limit",
     "token_limit",
+    "reply_cut",
     "timeout",
     "env_error",
     "empty_reply",
@@ -43,10 +53,12 @@ Status = Literal[
 
 FAULT_STATUSES = frozenset({"timeout", "env_error"})  # the environment's fault: designer penalty
 UNTRAINED_STATUSES = frozenset({"env_error", "engine_error"})  # not the agent's doing: no GRPO
+# cut short (the reference's TrajectoryStatus.TRUNCATED): no gradient under agent.compact_filter
+COMPACT_STATUSES = frozenset({"truncated", "turn_limit", "token_limit", "reply_cut"})
 
 GAMES_SYSTEM = (
-    "You are playing a text game. Read each observation carefully, think briefly, then give "
-    "exactly one command per reply wrapped as \\boxed{command}."
+    "You are playing a text game: make valid moves to win. Read each observation, reason "
+    "step by step, and put your final answer (one command) within \\boxed{}."
 )
 TOOL_SYSTEM = (
     "You solve tasks with tools. Call one tool per reply as "
@@ -58,14 +70,42 @@ TOOL_SYSTEM = (
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     plays_nohint: Doc(int, "episodes per environment without the hint") = 16
     plays_hint: Doc(int, "episodes per environment with the hint (for regret)") = 16
+    plays_per_env: Doc(
+        Literal["fill_batch", "fixed"],
+        "fill_batch: ceil(batch_samples / environments played) no-hint plays each (the "
+        "reference's collect stage; plays_nohint when batch_samples is 0); fixed: plays_nohint",
+    ) = "fill_batch"
     train_on_hinted: Doc(
         bool, "also train the agent on hinted plays (privileged; off in SPADE)"
     ) = False
     max_turns: Doc(int, "turns per episode before it is cut") = 25
-    max_turn_tokens: Doc(int, "new tokens per agent turn") = 512
-    max_episode_tokens: Doc(int, "tokens per episode, prompt and observations included") = 8192
+    max_turn_tokens: Doc(
+        int, "new tokens per agent turn (reference --spare-actor-max-tokens 8192)"
+    ) = 8192
+    max_episode_tokens: Doc(
+        int,
+        "tokens per episode, prompt and observations included (reference "
+        "--spare-max-context-length 32768)",
+    ) = 32768
     temperature: Doc(float, "agent sampling temperature") = 0.6
-    top_p: Doc(float, "agent nucleus sampling") = 1.0
+    top_p: Doc(float, "agent nucleus sampling (reference --spare-actor-top-p 0.95)") = 0.95
+    top_k: Doc(int, "agent top-k sampling, -1 = off (reference --spare-actor-top-k 20)") = 20
+    cut_reply: Doc(
+        Literal["end", "step"],
+        "a turn cut by max_turn_tokens (no EOS): 'end' the episode, truncated, reward 0 (the "
+        "reference), or 'step' the environment with it (settings whose action is a token or two)",
+    ) = "end"
+    compact_filter: Doc(
+        bool,
+        "no gradient on an episode cut short (env truncation, turn or token limit, a reply "
+        "without EOS); it still counts in its GRPO group and the loss denominator "
+        "(reference --spare-compact-filter, tool-use recipes)",
+    ) = False
+    mask_malformed_tool_calls: Doc(
+        bool,
+        "tool use: a turn whose tool call does not parse gets loss mask 0 (reference "
+        "SPARE_MASK_MALFORMED_TOOLCALL=1)",
+    ) = False
     enable_thinking: Doc(
         bool | None, "thinking mode for templates that have it; None = template default"
     ) = None
@@ -115,6 +155,60 @@ class EnvRef:
 
 
 _session = itertools.count()
+MIN_TURN_TOKENS = 64  # the reference's min_generation_tokens: context left that ends an episode
+
+
+def boxed_content(text: str) -> str | None:
+    """The reference's ``extract_boxed_answer``: the first ``\\boxed{X}`` with a brace-free X
+    (also ``\\boxed{{X}}`` and ``\\boxed{{{X}}}``), else the last ``\\boxed{...}`` with
+    nested braces balanced (up to two outer brace pairs peeled), else None."""
+    if not text:
+        return None
+    for depth in (1, 2, 3):
+        m = re.search(r"\\boxed" + r"\{" * depth + r"([^{}]+)" + r"\}" * depth, text)
+        if m:
+            return m.group(1).strip()
+    at = text.rfind("\\boxed")
+    start = text.find("{", at) if at >= 0 else -1
+    if start < 0:
+        return None
+    level = 0
+    for i in range(start, len(text)):
+        level += {"{": 1, "}": -1}.get(text[i], 0)
+        if level == 0:
+            inner = text[start + 1 : i].strip()
+            for _ in range(2):
+                if inner.startswith("{") and inner.endswith("}"):
+                    inner = inner[1:-1].strip()
+            return inner
+    return None
+
+
+def malformed_tool_call(reply: str) -> bool:
+    """The reply opens a ``<tool_call>`` but no block parses as a call (a JSON object with a
+    string ``name``; ``arguments`` an object when present): the reference's
+    SPARE_MASK_MALFORMED_TOOLCALL condition (``"<tool_call>" in raw_action`` and no call)."""
+    if "<tool_call>" not in reply:
+        return False
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", reply, re.DOTALL):
+        try:
+            call = json.loads(body.strip())
+        except ValueError:
+            continue
+        if (
+            isinstance(call, dict)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("arguments", {}), dict)
+        ):
+            return False
+    return True
+
+
+def parse_action(reply: str) -> str:
+    """What a games ``step()`` receives: ``\\boxed{X}`` for the reply's boxed answer X, or the
+    stripped reply when it boxes nothing (an empty box counts as nothing)."""
+    x = boxed_content(reply)
+    return f"\\boxed{{{x}}}" if x else reply.strip()
 
 
 async def play_episode(
@@ -159,10 +253,11 @@ async def play_episode(
             enable_thinking=cfg.enable_thinking,
         )
         while True:
-            budget = min(cfg.max_turn_tokens, cfg.max_episode_tokens - len(conv.token_ids))
-            if budget <= 0:
+            remaining = cfg.max_episode_tokens - len(conv.token_ids)
+            if remaining <= MIN_TURN_TOKENS:  # the reference's context-full check
                 status = "token_limit"
                 break
+            budget = min(cfg.max_turn_tokens, remaining - MIN_TURN_TOKENS)
             with busy("engine"):
                 res = await client.generate(
                     conv.token_ids,
@@ -170,6 +265,7 @@ async def play_episode(
                         max_new_tokens=budget,
                         temperature=cfg.temperature,
                         top_p=cfg.top_p,
+                        top_k=cfg.top_k,
                         sampling_seed=(seed * 1009 + conv.turns) % 2**31,  # reproducible plays
                     ),
                     session_key=key,
@@ -177,8 +273,14 @@ async def play_episode(
             start = len(conv.token_ids)
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
+            if tool_use and cfg.mask_malformed_tool_calls and malformed_tool_call(res.text):
+                conv.loss_mask[start:] = [0] * (len(conv.token_ids) - start)  # kept as context
             versions.append(res.policy(version))  # the engine's, for the tokens it generated
+            if res.finish_reason == "length" and cfg.cut_reply == "end":  # no EOS: reward 0
+                status = "reply_cut"
+                break
             action = strip_think(res.text)  # the environment never sees the reasoning
+            action = action if tool_use else parse_action(action)  # what step() receives
             actions.append(action)
             with busy("env_pool"):
                 obs, step_reward, terminated, truncated, _ = await pool.step(inst, action)

@@ -21,7 +21,7 @@ import numpy as np
 from spade_async.config import Doc
 from spade_async.envs.extract import extract_code
 from spade_async.envs.pool import EnvPool
-from spade_async.envs.validate import Verdict, validate_source
+from spade_async.envs.validate import ValidateConfig, Verdict, validate_source
 from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
@@ -46,6 +46,14 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         int, "designer samples per prompt (1: one document per environment, as the reference)"
     ) = 1
     temperature: Doc(float, "designer sampling temperature") = 0.6
+    top_p: Doc(float, "designer nucleus sampling (reference --spare-env-top-p 0.95)") = 0.95
+    top_k: Doc(int, "designer top-k sampling, -1 = off (reference --spare-env-top-k 20)") = 20
+    enable_thinking: Doc(
+        bool | None,
+        "thinking mode of the designer's chat template; None = the template's default. The "
+        "reference's corpus path renders the designer prompt with the run-wide "
+        "--apply-chat-template-kwargs (enable_thinking false in every shipped recipe)",
+    ) = None
     max_new_tokens: Doc(int, "designer reply length limit in tokens") = 4096
     repair_turns: Doc(int, "repair turns that feed a failing stage back (never trained)") = 0
     difficulty: Doc(
@@ -70,6 +78,17 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "one is valid (reference: 5 attempts per environment)",
     ) = 4
     validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
+    gates: Doc(
+        Literal["strict", "reference"],
+        "validation gates: strict (ours: determinism, garbage probes, solution replay) or "
+        "reference (load, reset, 3 steps; ablation). Strict gates score 0 designs the "
+        "reference would accept, so they change designer rewards",
+    ) = "strict"
+    llm_validator: Doc(
+        bool,
+        "the reference's LLM environment validator (--spare-use-env-validator, tool-use "
+        "recipes): not implemented; true is refused at start",
+    ) = False
     family: Doc(
         str, "environment family whose parameters the designer writes ('' = free-form code)"
     ) = ""
@@ -162,9 +181,13 @@ async def design_group(
     as env_pool time."""
     busy = meters.busy if meters is not None else _no_busy
     messages = [{"role": "user", "content": prompt}]
-    prompt_ids = Conversation(tokenizer, messages).token_ids
+    prompt_ids = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking).token_ids
     sampling = SamplingParams(
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=cfg.samples_per_prompt
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        n=cfg.samples_per_prompt,
     )
     try:
         with busy("engine"):
@@ -192,18 +215,12 @@ async def design_group(
         while not verdict.valid and turns < cfg.repair_turns:
             turns += 1
             if conv is None:
-                conv = Conversation(tokenizer, messages)
+                conv = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking)
                 conv.add_assistant(res.output_ids, None, res.text)
             conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
             try:
                 with busy("engine"):
-                    fix = await client.generate(
-                        conv.token_ids,
-                        SamplingParams(
-                            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature
-                        ),
-                        return_logprob=False,
-                    )
+                    fix = await client.generate(conv.token_ids, _one(cfg), return_logprob=False)
             except EngineRequestError:  # the repair conversation outgrew the context
                 break
             conv.add_assistant(fix.output_ids, None, fix.text)
@@ -217,6 +234,16 @@ async def design_group(
     return out
 
 
+def _one(cfg: DesignerConfig) -> SamplingParams:
+    """One more designer sample (a repair turn or a retry), sampled like the first."""
+    return SamplingParams(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+    )
+
+
 async def _retry(
     client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids, busy=None
 ) -> None:
@@ -227,11 +254,7 @@ async def _retry(
         sample.retries += 1
         try:
             with busy("engine"):
-                res = await client.generate(
-                    list(prompt_ids),
-                    SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
-                    return_logprob=False,
-                )
+                res = await client.generate(list(prompt_ids), _one(cfg), return_logprob=False)
         except EngineRequestError:
             return
         sample.extra_tokens += len(res.output_ids)
@@ -260,7 +283,9 @@ async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | 
     if not source:
         why = fam.no_parameter if fam else "the reply holds no Python code"
         return None, Verdict(valid=False, stage="syntax", reason=why)
-    return source, await validate_source(source, pool=pool, seeds=cfg.validation_seeds)
+    return source, await validate_source(
+        source, pool=pool, seeds=cfg.validation_seeds, config=ValidateConfig(gates=cfg.gates)
+    )
 
 
 async def _record(

@@ -117,12 +117,23 @@ def designer_prompt(
     example; ``negative``: (code head, why it failed)."""
     meaning = SKILL_MEANINGS.get(skill)
     lo, hi = difficulty_steps(difficulty, max_turns)
+    if document:  # the reference's corpus_template.py: 3+ steps, partial rewards for progress
+        pace = (
+            f"Difficulty: {difficulty}. The goal should take at least 3 interaction steps "
+            f"(the agent gets at most {max_turns} turns), reward partial progress along the "
+            "way with a final reward between 0 and 1, and make a careless player fail."
+        )
+    else:  # the no-corpus template's turn share
+        pace = (
+            f"Difficulty: {difficulty}. The agent gets at most {max_turns} turns; a good player "
+            f"should need about {lo}-{hi} of them, and a careless one should fail."
+        )
     parts = [
         f"You are an environment designer. Design a new multi-turn {setting.replace('_', ' ')} "
         f"training environment that exercises the skill **{skill}**"
         + (f" ({meaning})" if meaning else "")
-        + f". Difficulty: {difficulty}. The agent gets at most {max_turns} turns; a good player "
-        f"should need about {lo}-{hi} of them, and a careless one should fail.",
+        + ". "
+        + pace,
     ]
     if document:
         parts.append(

@@ -32,6 +32,10 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     samples: list[Sample]
+    # The sample count a sample-mean loss (loss_agg 'seq-mean-*') divides by; 0 = the batch's
+    # own count. Larger when samples count that train nothing (the reference's zero-mask
+    # compact-filtered samples, or its global batch when a short batch is not rescaled).
+    loss_normaliser: float = 0.0
 
 
 def _sample_problem(s: Sample, vocab_size: int) -> str | None:
@@ -65,6 +69,12 @@ def validate_batch(batch: Batch, vocab_size: int) -> None:
     """Raise BatchError('sample 3: ...') for the first bad sample; an empty batch is bad too."""
     if not batch.samples:
         raise BatchError("batch has no samples; send at least one")
+    n = batch.loss_normaliser
+    if n != 0.0 and not (math.isfinite(n) and n >= len(batch.samples)):
+        raise BatchError(
+            f"loss_normaliser {n} is below the batch's {len(batch.samples)} samples (or not "
+            "finite); send 0 for the batch's own count"
+        )
     for index, sample in enumerate(batch.samples):
         problem = _sample_problem(sample, vocab_size)
         if problem is not None:

@@ -162,6 +162,8 @@ class Trainer:
         packed = layout == "packed"
         pad_to = max(len(s.token_ids) for s in samples) if layout == "padded_max" else 0
         denominator = loss_denominator(samples, self.cfg.loss_agg)
+        if batch.loss_normaliser and self.cfg.loss_agg != "token":
+            denominator = batch.loss_normaliser  # samples that count but train nothing
         plan = plan_microbatches(
             [len(s.token_ids) for s in samples],
             self.world,

@@ -42,6 +42,7 @@ def _config(tiny_model: Path, tmp_path: Path, mode: str, **extra: str) -> recipe
         "agent.plays_hint=2",
         "agent.max_turns=2",
         "agent.max_turn_tokens=6",
+        "agent.cut_reply='step'",  # a cut 1-token reply is the action
         "corpus.max_words=50",
         "trainer.micro_batch_tokens=1024",
         "telemetry.dashboard='off'",

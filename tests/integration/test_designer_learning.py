@@ -50,9 +50,9 @@ def test_designer_learns(tmp_path, monkeypatch, request):
     trained: list[tuple[str, float]] = []  # (role, advantage) of every sample the trainer took
     real = cycle.train_and_push
 
-    async def spy(rt, samples, *, pause):
+    async def spy(rt, samples, *, pause, **kw):
         trained.extend((s.role, s.advantage) for s in samples)
-        return await real(rt, samples, pause=pause)
+        return await real(rt, samples, pause=pause, **kw)
 
     monkeypatch.setattr(cycle, "train_and_push", spy)
     run_dir = RunDir(tmp_path / "run")

@@ -47,6 +47,7 @@ def test_async_fixed_pool_staleness_and_versions(tiny_model, tmp_path):
             "agent.plays_nohint=8",
             "agent.max_turns=1",
             "agent.max_turn_tokens=2",
+            "agent.cut_reply='step'",  # a cut 1-token reply is the action
             "agent.temperature=1.0",
             "trainer.lr=1e-2",
             "telemetry.dashboard='off'",

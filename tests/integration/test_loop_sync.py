@@ -57,6 +57,7 @@ def test_end_to_end_learning(tiny_model, tmp_path):
             "agent.plays_nohint=32",
             "agent.max_turns=1",
             "agent.max_turn_tokens=2",
+            "agent.cut_reply='step'",  # a cut 1-token reply is the action
             "agent.temperature=1.0",
             "telemetry.episodes_per_step=0",
             "trainer.lr=5e-2",

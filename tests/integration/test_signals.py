@@ -53,6 +53,7 @@ def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> s
         "agent.plays_nohint=8",
         "agent.max_turns=1",
         "agent.max_turn_tokens=2",
+        "agent.cut_reply='step'",  # a cut 1-token reply is the action
         "agent.temperature=1.0",
         "trainer.lr=1e-2",
         "envs.max_workers=2",

@@ -84,6 +84,7 @@ def _spade_train(tiny_model, tmp_path, run_dir, max_steps: int) -> subprocess.Po
         "mode=fixed_pool", "schedule=async", f"model={tiny_model}", f"max_steps={max_steps}",
         "replay_envs=1", "initial_memory=''", f"fixed_pool={pool}", "checkpoint_every=1",
         "agent.plays_nohint=8", "agent.max_turns=1", "agent.max_turn_tokens=2",
+        "agent.cut_reply='step'",
         "trainer.lr=1e-2", "envs.max_workers=2", "shutdown_grace_s=2",
     ]  # fmt: skip
     cmd = [sys.executable, "-m", "spade_async.cli", "train", "configs/cpu-demo.toml",

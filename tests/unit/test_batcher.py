@@ -1,5 +1,7 @@
 """Episodes and designer samples -> trainer samples: GRPO per env, fan-out, staleness."""
 
+import pytest
+
 from spade_async.envs.validate import Verdict
 from spade_async.loop.batcher import agent_samples, designer_samples, drop_stale
 from spade_async.roles.agent import AgentConfig, Episode
@@ -27,12 +29,42 @@ def _ep(env: str, reward: float, hinted: bool = False, version: int = 3) -> Epis
 def test_grpo_per_environment_and_hinted_plays_excluded():
     eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("b", 0.5), _ep("b", 0.5), _ep("a", 1.0, hinted=True)]
     samples, zero = agent_samples(eps, AgentConfig())
-    assert len(samples) == 2
+    assert len(samples) == 4  # zero-advantage samples stay (the reference keeps them)
     assert samples[0].advantage > 0.99 and samples[1].advantage < -0.99  # env a: z-scores +-1
-    assert zero == 2  # env b: equal rewards, nothing to learn
+    assert [s.advantage for s in samples[2:]] == [0.0, 0.0]  # env b: equal rewards
+    assert zero == 2
     assert all(s.policy_version == 3 for s in samples)  # oldest turn's version
     samples, _ = agent_samples(eps, AgentConfig(train_on_hinted=True))
-    assert len(samples) == 2  # the lone hinted play forms its own group: zero advantage
+    assert len(samples) == 5  # the lone hinted play forms its own group: zero advantage
+    assert samples[-1].advantage == 0.0
+
+
+def test_compact_filter_keeps_the_group_and_the_denominator_but_not_the_gradient():
+    from spade_async.loop.batcher import agent_batch, loss_normaliser, trim_batch
+
+    eps = [_ep("a", 1.0), _ep("a", 0.0), _ep("a", 0.0), _ep("a", 0.0)]
+    eps[1].status = "turn_limit"  # hit max turns: the reference's TRUNCATED
+    eps[2].status = "reply_cut"  # a reply without EOS
+    off = agent_batch(eps, AgentConfig())
+    on = agent_batch(eps, AgentConfig(compact_filter=True))
+    # the GRPO group is the same four plays either way: mean 0.25, std sqrt(3) / 4
+    z = [(r - 0.25) / (3**0.5 / 4 + 1e-6) for r in (1.0, 0.0, 0.0, 0.0)]
+    assert [s.advantage for s in off.samples] == [pytest.approx(v) for v in z]
+    assert [None if s is None else s.advantage for s in on.slots] == [
+        pytest.approx(z[0]),
+        None,
+        None,
+        pytest.approx(z[3]),
+    ]
+    assert (on.episodes, on.filtered, len(on.samples)) == (4, 2, 2)
+    slots, trimmed = trim_batch(on.slots, 3)  # the trim counts filtered slots like samples
+    assert trimmed == 1 and len(slots) == 3 and sum(s is None for s in slots) == 2
+    # the sample-mean loss divides by every real sample: 4, not the 2 that train
+    assert loss_normaliser(len(on.slots), 0, kl_coef=0.0, entropy_coef=0.0) == 4.0
+    # the reference rescales a short batch only without KL/entropy; with KL it divides by 192
+    assert loss_normaliser(4, 192, kl_coef=0.0, entropy_coef=0.0) == 4.0
+    assert loss_normaliser(4, 192, kl_coef=0.005, entropy_coef=0.0) == 192.0
+    assert loss_normaliser(200, 192, kl_coef=0.005, entropy_coef=0.0) == 200.0
 
 
 def test_thinking_fanout_one_sample_per_turn_with_episode_advantage():
@@ -61,7 +93,8 @@ def test_designer_samples_mask_and_scale():
         )
     ] * 3
     out = designer_samples(ds, [0.5, 0.0, -0.2], [True, True, False], scale=4.0)
-    assert len(out) == 1 and out[0].advantage == 2.0 and out[0].role == "designer"
+    # the masked one is dropped; a zero advantage stays (the reference drops masked only)
+    assert [s.advantage for s in out] == [2.0, 0.0] and out[0].role == "designer"
     assert out[0].loss_mask == [0, 0, 1, 1] and out[0].rollout_logprobs == [0.0, 0.0, -0.1, -0.2]
 
 

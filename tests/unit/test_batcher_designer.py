@@ -113,7 +113,7 @@ def _window():
 
 
 def test_designer_batch_window_regret_blend_centring_and_scale():
-    rt, window = _rt(), _window()
+    rt, window = _rt(**{"rewards.fault_penalty": "always"}), _window()
     step5, step6 = _window_plays()
 
     async def main():
@@ -136,8 +136,48 @@ def test_designer_batch_window_regret_blend_centring_and_scale():
     assert rt.meters.counts["designer/masked"] == 0
     rewards = {e: kw["designer_reward"] for e, kw in rt.writer.stats if "designer_reward" in kw}
     assert rewards == pytest.approx({"e1": 0.94, "e2": 0.0, "e3": 0.5, "e4": -0.5, "e5": 0.0})
-    # the per-skill slow EMA starts at the window's mean win rate (learning-potential variant)
-    assert rt.state.skill_ema["A"] == pytest.approx((0.375 + 0.0 + 0.5) / 3)
+    assert rt.state.skill_ema == {}  # only the learning-potential variant keeps a baseline
+
+
+def _scored(**overrides):
+    rt, window = _rt(**overrides), _window()
+    step5, step6 = _window_plays()
+    anyio.run(cycle.score, rt, step5, window)
+    anyio.run(cycle.score, rt, step6, window)
+    scored, rewards, _, _ = cycle.score_designs(rt, window)
+    return rt, {
+        s.env_id if s.verdict.valid else "broken": r for s, r in zip(scored, rewards, strict=True)
+    }
+
+
+def test_reference_fault_penalty_blend_scores_the_plays_that_completed():
+    # e4 (blend, fault_penalty 'reference'): its timeout and crash are no plays; the two that
+    # completed (1, 0) give win rate 0.5 -> plateau 1 -> 0.6; no hinted play -> regret 0
+    _, rewards = _scored()
+    assert rewards["e4"] == pytest.approx(0.6)
+
+
+def test_regret_variant_is_unscaled_over_every_window_play_and_penalises_timeouts():
+    # recompute_delayed_env_rewards_regret: max(0, R_hint - mean of all no-hint plays)
+    # e1: 0.75 - (0.5 + 0 + 0.5 + 0 + 1 + 0 + 1 + 0) / 8 = 0.375 (matched timing gave 0.5)
+    # e3: 1.0 - 0.5 = 0.5 - duplicate 0.5 = 0; e5: 1 - 1 = 0; e4: a step timeout -> -0.5
+    _, rewards = _scored(**{"rewards.variant": "regret"})
+    assert rewards == pytest.approx(
+        {"e1": 0.375, "e2": 0.0, "broken": 0.0, "e3": 0.0, "e4": -0.5, "e5": 0.0}
+    )
+
+
+def test_learning_potential_moves_the_slow_baseline_first_with_pooled_plays():
+    # first window: mu_slow = the pooled mean of skill A's no-hint plays: e1 3/8 over 8
+    # plays, e2 0 over 4, e3 2/4 -> (3 + 0 + 2) / 16 = 0.3125; value |rate - 0.3125|
+    rt, rewards = _scored(**{"rewards.variant": "learning_potential"})
+    assert rt.state.skill_ema["A"] == pytest.approx(5 / 16)
+    assert rewards["e1"] == pytest.approx(0.375 - 0.3125)
+    assert rewards["e2"] == pytest.approx(0.3125)
+    # a second window: (1 - 0.85) * 0.3125 + 0.85 * new, before scoring
+    from spade_async.rewards import slow_baseline
+
+    assert slow_baseline(0.3125, 1.0, 0.85) == pytest.approx(0.15 * 0.3125 + 0.85)
 
 
 def test_designer_batch_every_step_regret_and_threshold_win_rate():
@@ -198,9 +238,10 @@ def test_agent_advantages_reach_the_trainer_without_env_errors():
     m4 = 0.5 / 3
     s4 = math.sqrt(sum((r - m4) ** 2 for r in (1, 0, -0.5)) / 3)
     assert advs("e4") == pytest.approx([(r - m4) / (s4 + 1e-6) for r in (1, 0, -0.5)])
-    assert advs("e2") == [] and advs("e5") == []  # all-equal groups: nothing to learn
+    # all-equal groups: advantage 0, and the samples stay in the batch (the reference's)
+    assert advs("e2") == [0.0] * 4 and advs("e5") == [0.0] * 4
     samples, zero = agent_samples(eps, rt.cfg.agent)
-    assert len(samples) == 8 + 4 + 3 and zero == 4 + 4  # e1, e3, e4 trained; e2, e5 zero
+    assert len(samples) == 8 + 4 + 4 + 3 + 4 and zero == 4 + 4  # e2, e5: zero advantage
 
 
 @pytest.mark.parametrize("mode, later_rounds_hinted", [("regen", False), ("every_step", True)])

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from spade_async import recipe
-from spade_async.loop import cycle
 from spade_async.cli import main as spade
 from spade_async.envs.pool import EnvPool
 from spade_async.episodes import records as R
 from spade_async.episodes.replay import read_summary, replay_records, summarize
 from spade_async.generation.client import GenerateResult
+from spade_async.loop import cycle
 from spade_async.memory.records import Origin, make_record
 from spade_async.memory.store import MemoryStore
 from spade_async.roles.agent import EnvRef

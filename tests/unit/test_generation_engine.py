@@ -341,3 +341,32 @@ def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_
         out = ref.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False,
                            eos_token_id=None, pad_token_id=0)
     assert on_other.output_ids == out[0, len(PROMPTS[0]):].tolist()
+
+
+def test_logprobs_under_the_recipes_sampling_are_temperature_scaled_and_unfiltered(
+    url, reference
+):
+    """The recipes sample at T 0.6 with top_p 0.95 / top_k 20. The engine reports, as
+    SGLang does without SGLANG_RETURN_ORIGINAL_LOGPROB, log_softmax(logits / 0.6) before the
+    filters; the trainer recomputes at trainer.temperature = 0.6, so the PPO ratio and the
+    TIS weight compare like with like. The reference's slime trainer divides by
+    --rollout-temperature 1.0 instead: a different number, which we do not copy."""
+    sp = SamplingParams(max_new_tokens=8, temperature=0.6, top_p=0.95, top_k=20,
+                        sampling_seed=3, ignore_eos=True)  # fmt: skip
+
+    async def main():
+        async with GenerationClient([url]) as client:
+            return await client.generate(PROMPTS[2], sp)
+
+    res = _run(main)
+    got = torch.tensor(res.logprobs)
+    at_06 = _teacher_forced(reference, PROMPTS[2], res.output_ids, 0.6)
+    at_1 = _teacher_forced(reference, PROMPTS[2], res.output_ids, 1.0)
+    assert torch.allclose(got, at_06, atol=1e-4), (got, at_06)  # fp32, as the test above
+    assert (got - at_1).abs().max() > 1e-2  # T = 1 (slime's convention) is another number
+    # and not the filtered distribution: renormalising over the top 20 raises every log-prob
+    with torch.no_grad():
+        ids = torch.tensor([PROMPTS[2] + res.output_ids])
+        logits = reference(input_ids=ids).logits[0, len(PROMPTS[2]) - 1 : -1] / 0.6
+    top20 = logits.log_softmax(-1).topk(20, dim=-1).values.logsumexp(-1)
+    assert (top20 < -1e-2).all()  # the top 20 hold less than all the mass: filtering would move it

@@ -110,7 +110,19 @@ def test_slurm_refuses_a_one_node_recipe(capsys):
 )
 def test_node_recipes_keep_the_single_node_hyper_parameters(path, single):
     many, one = recipe.load(path), recipe.load(CONFIGS / single)
-    assert many.trainer.lr == one.trainer.lr and many.trainer.kl_coef == one.trainer.kl_coef
+    # every method hyper-parameter of the trainer, not only lr and KL (the 4-node recipe
+    # once fell back to loss_agg token, weight decay 0 and betas (0.9, 0.999))
+    for f in ("lr", "kl_coef", "kl_reference", "loss_agg", "weight_decay", "betas", "eps",
+              "clip_low", "clip_high", "tis_cap", "grad_clip", "temperature",
+              "old_logprobs", "entropy_coef", "warmup_steps", "total_steps"):  # fmt: skip
+        assert getattr(many.trainer, f) == getattr(one.trainer, f), f
     assert many.designer == one.designer and many.agent == one.agent
+    assert many.rewards == one.rewards and many.hint == one.hint and many.corpus == one.corpus
+    assert (many.model, many.regen_interval, many.batch_samples, many.max_steps) == (
+        one.model,
+        one.regen_interval,
+        one.batch_samples,
+        one.max_steps,
+    )
     assert many.engine.router and many.engine.kind == "sglang" and many.engine.gpus == []
     assert many.placement.weight_push == "distributed"

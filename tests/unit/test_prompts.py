@@ -52,3 +52,15 @@ def test_hint_prompts_per_setting_forbid_the_answer():
     assert "\\boxed{command}" in games and "Never reveal the answer" in games
     assert "<tool_call>" in tools and "placeholders" in tools and "value-free" in tools
     assert HintConfig().max_new_tokens == 4096  # the reference recipes' hint budget
+
+
+def test_grounded_prompt_asks_for_three_plus_steps_with_partial_rewards():
+    """The corpus path (every shipped recipe) targets the reference's corpus_template.py:
+    3+ interaction steps with partial rewards, not the no-corpus template's turn share."""
+    grounded = designer_prompt(
+        skill="Optimization", setting="games", document="Bees forage.", max_turns=25
+    )
+    assert "at least 3 interaction steps" in grounded and "partial progress" in grounded
+    assert "of them" not in grounded  # no 12-18 of 25 turns quota
+    free = designer_prompt(skill="Optimization", setting="games", document=None, max_turns=25)
+    assert "about 12-18 of them" in free and "at least 3 interaction steps" not in free

@@ -70,8 +70,9 @@ def test_blend_without_regret_floor_can_go_negative():
 
 
 def test_other_variants():
-    r = RewardConfig(variant="regret")
-    assert designer_reward(r, regret_value=0.03, nohint_win_rate=0.0) == pytest.approx(0.2)
+    r = RewardConfig(variant="regret")  # the reference's: unscaled, floored at 0
+    assert designer_reward(r, regret_value=0.03, nohint_win_rate=0.0) == pytest.approx(0.03)
+    assert designer_reward(r, regret_value=-0.2, nohint_win_rate=0.0) == 0.0
     s = RewardConfig(variant="solve_rate")
     assert designer_reward(s, regret_value=1.0, nohint_win_rate=0.7) == pytest.approx(0.6)
     lp = RewardConfig(variant="learning_potential")

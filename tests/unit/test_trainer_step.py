@@ -95,3 +95,27 @@ def test_activation_checkpointing_gives_same_gradients(tiny_model):
     from numerics import assert_close_norm, reduction_bound
 
     assert_close_norm(grads[1], grads[0], 2 * reduction_bound(49152, 4), "checkpointed")
+
+
+def test_loss_normaliser_counts_samples_that_train_nothing(tiny_model):
+    """A sample-mean loss over 2 samples with ``loss_normaliser`` 8 is the 2-sample loss x 2/8:
+    the 6 others (zero-mask compact-filtered ones) count in the denominator, as the
+    reference's global-batch division. Token aggregation ignores it (tokens are the count)."""
+    from spade_async.trainer.step import Trainer
+
+    samples = [_ok(), _ok(advantage=-0.25, token_ids=[7, 8, 9, 10])]
+    losses = {}
+    for agg in ("seq-mean-token-mean", "token"):
+        cfg = TrainerConfig(model=str(tiny_model), loss_agg=agg, old_logprobs="rollout")
+        for n in (0.0, 8.0):
+            trainer = Trainer(cfg, tiny_model)
+            vec, _, _ = trainer.accumulate(Batch(samples=samples, loss_normaliser=n))
+            losses[agg, n] = float(vec[0])
+    assert losses["seq-mean-token-mean", 0.0] != 0.0
+    # the same fp32 sum scaled by 2/8: a few roundings of the loss's own magnitude
+    assert losses["seq-mean-token-mean", 8.0] == pytest.approx(
+        losses["seq-mean-token-mean", 0.0] * 2 / 8, rel=1e-6
+    )
+    assert losses["token", 8.0] == losses["token", 0.0]
+    with pytest.raises(BatchError, match="loss_normaliser 1.0 is below the batch's 2 samples"):
+        validate_batch(Batch(samples=samples, loss_normaliser=1.0), vocab_size=50)
