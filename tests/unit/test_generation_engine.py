@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import httpx
 import pytest
@@ -59,9 +61,11 @@ def test_logprobs_match_teacher_forcing_under_concurrent_batching(url, engine_ap
 
     async def main():
         async with GenerationClient([url]) as client:
+
             async def one(i):
-                sp = SamplingParams(max_new_tokens=6 + 3 * i, temperature=temps[i], sampling_seed=i,
-                                    ignore_eos=True)
+                sp = SamplingParams(
+                    max_new_tokens=6 + 3 * i, temperature=temps[i], sampling_seed=i, ignore_eos=True
+                )
                 results[i] = await client.generate(PROMPTS[i], sp)
 
             async with anyio.create_task_group() as tg:
@@ -82,18 +86,32 @@ def test_greedy_matches_transformers_generate(url, reference):
 
     async def main():
         async with GenerationClient([url]) as client:
-            return await client.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+            return await client.generate(
+                prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+            )
 
     res = _run(main)
     with torch.no_grad():
-        ref = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-    assert res.output_ids == ref[0, len(prompt):].tolist()
+        ref = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert res.output_ids == ref[0, len(prompt) :].tolist()
 
 
 def test_seeded_sampling_and_n(url):
-    sp = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.9, sampling_seed=7, n=3,
-                        ignore_eos=True)
+    sp = SamplingParams(
+        max_new_tokens=8,
+        temperature=1.0,
+        top_k=50,
+        top_p=0.9,
+        sampling_seed=7,
+        n=3,
+        ignore_eos=True,
+    )
 
     async def main():
         async with GenerationClient([url]) as client:
@@ -114,23 +132,34 @@ def test_stop_token_and_stop_string(url, engine_app):
 
     base = _run(gen, greedy).output_ids
     stop_id = base[5]
-    res = _run(gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True,
-                                   stop_token_ids=[stop_id]))
+    res = _run(
+        gen,
+        SamplingParams(
+            max_new_tokens=16, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]
+        ),
+    )
     cut = base.index(stop_id) + 1
     assert res.output_ids == base[:cut] and res.finish_reason == "stop" and res.matched == stop_id
 
     full_text = tok.decode(base, skip_special_tokens=False)
     piece = tok.decode(base[6:8], skip_special_tokens=False)
-    res = _run(gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True, stop=[piece]))
+    res = _run(
+        gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True, stop=[piece])
+    )
     assert res.finish_reason == "stop" and res.matched == piece
     assert res.output_ids == base[: len(res.output_ids)] and len(res.output_ids) <= 8
-    assert res.text == tok.decode(res.output_ids, skip_special_tokens=True)[: full_text.find(piece)] or piece not in res.text
+    assert (
+        res.text == tok.decode(res.output_ids, skip_special_tokens=True)[: full_text.find(piece)]
+        or piece not in res.text
+    )
 
 
 def test_batch_input_ids_returns_a_list(url):
-    body = {"input_ids": [PROMPTS[0], PROMPTS[2]],
-            "sampling_params": {"max_new_tokens": 3, "temperature": 0, "n": 2, "ignore_eos": True},
-            "return_logprob": True}
+    body = {
+        "input_ids": [PROMPTS[0], PROMPTS[2]],
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "n": 2, "ignore_eos": True},
+        "return_logprob": True,
+    }
     out = httpx.post(url + "/generate", json=body, timeout=60).json()
     assert isinstance(out, list) and len(out) == 4
     assert out[0]["output_ids"] == out[1]["output_ids"]  # greedy, same prompt
@@ -143,7 +172,9 @@ def test_batch_input_ids_returns_a_list(url):
 def test_too_long_prompt_fails_only_that_request(url):
     async def main():
         async with GenerationClient([url]) as client:
-            ok = await client.generate(PROMPTS[0], SamplingParams(max_new_tokens=200, temperature=0))
+            ok = await client.generate(
+                PROMPTS[0], SamplingParams(max_new_tokens=200, temperature=0)
+            )
             with pytest.raises(EngineRequestError, match="context length is 96"):
                 await client.generate(list(range(10, 120)), SamplingParams(max_new_tokens=2))
             return ok
@@ -161,7 +192,11 @@ def test_pause_and_continue(url):
             done = []
 
             async def one():
-                done.append(await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=3, temperature=0)))
+                done.append(
+                    await client.generate(
+                        PROMPTS[2], SamplingParams(max_new_tokens=3, temperature=0)
+                    )
+                )
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one)
@@ -194,9 +229,14 @@ def test_update_weights_from_disk_success_and_failure(url, tmp_path, tiny_model)
     assert same.output_ids == before.output_ids and same.weight_version == v0
     assert versions[url] == str(int(v0) + 1) and after.weight_version == versions[url]
     with torch.no_grad():
-        ref = new_model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-    assert after.output_ids == ref[0, len(PROMPTS[0]):].tolist()
+        ref = new_model.generate(
+            torch.tensor([PROMPTS[0]]),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert after.output_ids == ref[0, len(PROMPTS[0]) :].tolist()
     assert named[url] == "step-9"
 
 
@@ -208,7 +248,9 @@ def test_health_and_routing(url):
         async with GenerationClient([url, dead], cfg) as client:
             status = await client.check_health()
             picks = {client.pick(f"s{i}") for i in range(5)}
-            res = await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=2), session_key="ep1")
+            res = await client.generate(
+                PROMPTS[2], SamplingParams(max_new_tokens=2), session_key="ep1"
+            )
             return status, picks, res
 
     status, picks, res = _run(main)
@@ -223,7 +265,9 @@ def test_logprobs_match_the_trainers_policy_model(url, tiny_model):
 
     async def main():
         async with GenerationClient([url]) as client:
-            sp = SamplingParams(max_new_tokens=10, temperature=temperature, sampling_seed=3, ignore_eos=True)
+            sp = SamplingParams(
+                max_new_tokens=10, temperature=temperature, sampling_seed=3, ignore_eos=True
+            )
             return await client.generate(prompt, sp)
 
     res = _run(main)
@@ -263,7 +307,9 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
                         await anyio.sleep(0.01)
                 await client.pause(mode="in_place")
                 with anyio.fail_after(60):
-                    versions = await client.update_weights_from_disk(str(other), weight_version="pushed")
+                    versions = await client.update_weights_from_disk(
+                        str(other), weight_version="pushed", flush_cache=False
+                    )  # SGLang refuses the flush with requests in the running batch
                 await client.resume()
             await client.update_weights_from_disk(str(tiny_model), weight_version="0")
             return done[0], versions
@@ -275,7 +321,8 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
 
 
 def test_release_and_resume_memory_around_a_weight_update(url, engine_app, tiny_model):
-    """The colocated sequence: release all -> (train) -> resume weights -> push -> resume."""
+    """The colocated sequence: release all -> (train) -> resume weights -> push -> resume
+    the rest, each resume naming its tags (SGLang's offload-set bookkeeping)."""
     sp = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
     engine = engine_app.engine
 
@@ -286,35 +333,81 @@ def test_release_and_resume_memory_around_a_weight_update(url, engine_app, tiny_
             freed = sum(p.numel() for p in engine.model.parameters())
             with pytest.raises(EngineRequestError, match="resume_memory_occupation"):
                 await client.generate(PROMPTS[0], sp)
-            with pytest.raises(EngineError, match="not among"):
-                await client.release_memory(["gpu"])
             await client.resume_memory(["weights"])
             shapes_back = all(p.numel() > 0 for p in engine.model.parameters())
             await client.update_weights_from_disk(str(tiny_model))
-            half = set(engine.released)
-            await client.resume_memory()
+            half = set(engine.released), set(engine_app.sgl.offload_tags)
+            await client.resume_memory(["kv_cache", "cuda_graph"])
             after = await client.generate(PROMPTS[0], sp)
             return before, freed, shapes_back, half, after
 
     before, freed, shapes_back, half, after = _run(main)
     assert freed == 0 and shapes_back
-    assert half == {"kv_cache"} and not engine.released
+    assert half == ({"kv_cache", "cuda_graph"},) * 2 and not engine.released
     assert after.output_ids == before.output_ids  # the pushed weights serve again
 
 
-def test_release_memory_refuses_a_busy_engine(url, engine_app):
-    async def main():
-        async with GenerationClient([url], ClientConfig(max_retries=0)) as client:
-            await client.pause(mode="in_place")
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(client.generate, PROMPTS[2], SamplingParams(max_new_tokens=2))
-                await anyio.sleep(0.3)
-                with pytest.raises(EngineError, match="idle engine"):
-                    await client.release_memory(["kv_cache"])
-                await client.resume()
-            return set(engine_app.engine.released)
+@pytest.mark.parametrize(
+    "planted",
+    [
+        pytest.param(
+            [("release", None), ("resume", ["weights"]), ("resume", None)],
+            id="resume-all-after-weights",
+        ),
+        pytest.param(
+            [("release", ["kv_cache"]), ("resume", ["kv_cache"]), ("resume", ["kv_cache"])],
+            id="double-resume",
+        ),
+        pytest.param([("resume", ["gpu"])], id="unknown-tag-never-released"),
+    ],
+)
+def test_illegal_resume_kills_the_engine_as_it_kills_sglang(tiny_model, planted):
+    """SGLang's resume_memory_occupation removes each tag from its offload set and raises
+    KeyError (its scheduler dies) for one that is not there; the CPU engine dies with it:
+    every later call fails, /health answers 503."""
+    app = make_engine_app(str(tiny_model), context_length=32)
+    with serve_in_thread(app) as base:
 
-    assert _run(main) == set()
+        async def main():
+            async with GenerationClient([base], ClientConfig(max_retries=0)) as client:
+                *legal, (_, bad) = planted
+                for what, tags in legal:
+                    await getattr(client, f"{what}_memory")(tags)
+                with pytest.raises(EngineError, match="KeyError"):
+                    await client.resume_memory(bad)
+                with pytest.raises(EngineError, match="server died"):
+                    await client.generate([1, 2], SamplingParams(max_new_tokens=1))
+                return await client.check_health()
+
+        assert _run(main) == {base: False}
+    assert app.sgl.dead and app.sgl.calls[-1].ok is False
+
+
+def test_release_memory_on_a_busy_engine_kills_it_as_sglang(tiny_model):
+    """SGLang asserts an idle server in release_memory_occupation (its scheduler dies): a
+    request decoding when an in_place pause came stays in the running batch."""
+    app = make_engine_app(str(tiny_model), context_length=96)
+    with serve_in_thread(app) as base:
+
+        async def main():
+            async with GenerationClient([base], ClientConfig(max_retries=0)) as client:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_quiet_generate, client)
+                    with anyio.fail_after(30):
+                        while not (app.engine.active and app.engine.active[0].output_ids):
+                            await anyio.sleep(0.01)
+                    await client.pause(mode="in_place")
+                    with pytest.raises(EngineError, match="idle"):
+                        await client.release_memory(["kv_cache"])
+                    tg.cancel_scope.cancel()
+
+        _run(main)
+    assert "release_memory_occupation" in app.sgl.dead
+
+
+async def _quiet_generate(client):
+    with contextlib.suppress(EngineError):
+        await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=80, ignore_eos=True))
 
 
 def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_model):
@@ -338,6 +431,11 @@ def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_
     assert second is not first and flipped and third is first
     ref, _ = load_causal_lm(str(other))
     with torch.no_grad():
-        out = ref.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)
-    assert on_other.output_ids == out[0, len(PROMPTS[0]):].tolist()
+        out = ref.generate(
+            torch.tensor([PROMPTS[0]]),
+            max_new_tokens=4,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert on_other.output_ids == out[0, len(PROMPTS[0]) :].tolist()
