@@ -74,7 +74,8 @@ class ModelledSGLang:
         body = json.loads(request.content) if request.content else {}
         self.requests.append((path, body))
         if path == "/model_info":
-            return httpx.Response(200, json={"weight_version": self.state.weight_version})
+            return httpx.Response(200, json={"model_path": "/m", "is_generation": True,
+                                             "weight_version": self.state.weight_version})
         if path == "/health":
             return httpx.Response(503 if self.state.dead else 200)
         if path in self.refuse:
