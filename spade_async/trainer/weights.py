@@ -9,18 +9,27 @@ HTTP):
   removed once every engine has moved on.
 - ``distributed`` (SGLang on other GPUs): once, ``POST /init_weights_update_group`` to each
   engine while rank 0 joins the same NCCL group as rank 0 (engines take ranks
-  1..sum(tp)); then per bucket of parameters (``bucket_bytes``), ``POST
-  /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
-  "flush_cache", "weight_version"}`` in a thread while rank 0 broadcasts each tensor.
-- ``tensor`` (SGLang colocated on the same GPUs): per bucket, CUDA IPC handles serialised
-  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``, one
-  payload per engine TP rank from the trainer rank on that GPU (ipc.py).
+  1..sum(tp)); then, inside a weight-update session (``POST /begin_weight_update`` ..
+  ``/end_weight_update``: SGLang 0.5.23 refuses the update outside one), per bucket of
+  parameters (``bucket_bytes``), ``POST /update_weights_from_distributed {"names",
+  "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format":
+  "flattened_bucket"}`` in a thread while rank 0 broadcasts the bucket as one uint8 tensor
+  (SGLang's ``FlattenedTensorBucket`` layout). An engine that answers before the broadcast
+  completes has refused and will never join it: the push ends at once, and at
+  ``push_timeout_s`` at the latest.
+- ``tensor`` (SGLang colocated on the same GPUs): in a session too, per bucket, CUDA IPC
+  handles serialised with SGLang's ``MultiprocessingSerializer`` after its
+  ``monkey_patch_torch_reductions`` (device UUIDs) in ``POST /update_weights_from_tensor``,
+  one payload per engine TP rank from the trainer rank on that GPU (ipc.py).
 
 With ``pause_mode`` set (the async schedule: generation is in flight), rank 0 pauses the
 engines (``/pause_generation``) only around the engine-side update (the disk export happens
 before, while they keep generating) and continues them after (``/continue_generation``);
 ``stats["paused_s"]`` reports how long. Paused ``in_place``, running requests keep their KV
-cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then).
+cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then). Every
+engine a pause or a session was opened on is continued / closed whatever fails, and a
+refusal anywhere is one ``WeightPushError`` naming the engine, the route and SGLang's
+message (``sglang_state.py`` models what SGLang refuses).
 
 Every path sends the weights in the engine's dtype (``PushWeights.dtype``; '' = what the
 engine serves, see ``stream.engine_dtype``), one bucket of full tensors at a time, each cast
