@@ -46,8 +46,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
+# the first hour on a real node (tests/gpu/test_first_hour.py, one line per check; skips
+# cleanly without CUDA or SGLang): run it after `pip install -e '.[gpu]'`, before training
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu
+	$(BIN)/python -m pytest -v -rs -p no:cacheprovider -m gpu tests/gpu tests/unit/test_generation_sglang.py tests/kernels
 
 lint: $(STAMP)
 	$(BIN)/ruff check spade_async kernels bench tests
