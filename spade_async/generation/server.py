@@ -10,9 +10,19 @@ prompt; ``return_logprob``, ``return_text_in_logprobs``, ``rid``), ``GET /health
 ``POST /update_weights_from_disk``, ``POST /pause_generation`` (``mode``: ``abort`` default
 as in SGLang; ``in_place`` and ``retract`` both keep requests and resume them),
 ``POST /continue_generation``, ``POST /release_memory_occupation`` and
-``POST /resume_memory_occupation`` (``tags``: ``weights``, ``kv_cache``, or null for all;
-release only while idle, as SGLang; weights resume with undefined contents until the next
-update, as SGLang without a CPU backup; ``/generate`` answers 409 while released). Errors
+``POST /resume_memory_occupation`` (``tags``: ``kv_cache``, ``weights``, ``cuda_graph``,
+or null for all), ``POST /begin_weight_update`` / ``/end_weight_update`` and
+``/destroy_weights_update_group``. The control routes keep SGLang 0.5.23's state machine
+(``sglang_state.py``, each rule citing the wheel function it models; ``tests/contract``
+runs SGLang's own scheduler-side code against it): pushes over NCCL/IPC are refused outside
+a weight-update session, a resume of a tag not released kills the engine as SGLang's
+scheduler dies (every later call 503, the process exits and its supervisor restarts it), a
+release with requests in the running batch too, a flush after an update is refused (and
+the update reported failed, ``/model_info`` keeping the old version) while an ``in_place``
+pause keeps requests running; weights resume with undefined contents until the next
+update, as SGLang without a CPU backup; ``/generate`` answers 409 while released.
+``SPADE_ENGINE_TRACE=DIR`` writes every judged call as a JSON line (the loop tests'
+recorder). ``/health`` is liveness (200 while paused), as the launcher runs SGLang. Errors
 are HTTP 400 with SGLang's body ``{"error": {"message": ...}}``; a bad prompt fails only its
 own request. Like SGLang, ``meta_info`` carries ``weight_version`` (the weights of the last
 token) and ``weight_versions`` (``[{version, start, end}]`` spans of output tokens, more than
