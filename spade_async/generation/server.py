@@ -328,8 +328,9 @@ class EngineApp:
         if v.ok:
             self.engine.pause(abort=req.mode == "abort")
             if req.mode == "abort":  # TM.pause_generation returns once no request is left
-                while self.engine.active:
-                    await asyncio.sleep(0.01)
+                with anyio.move_on_after(60):
+                    while self.engine.active:
+                        await asyncio.sleep(0.01)
         return self._answer(v, {"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: Request) -> Response:
@@ -433,12 +434,14 @@ class EngineApp:
             req = msgspec.json.decode(await request.body() or b"{}", type=MemoryOccupationReqInput)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _error(str(exc), status=422)
+        before = set(self.sgl.offload_tags)
         v = self._judge(path, {"tags": req.tags})
         if not v.ok:
             return self._answer(v)
         try:
             action(req.tags or list(sglang_state.MEMORY_TAGS))
-        except EngineBusy as exc:  # the state machine judged it idle; the engine disagrees
+        except EngineBusy as exc:  # SGLang would retract the running rows; this engine keeps
+            self.sgl.offload_tags = before  # them (retract = in_place here): not released
             return _error(str(exc), status=409)
         if "weights" in self.engine.released:
             self._spare = None  # released weights: no second copy either
