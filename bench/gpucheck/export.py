@@ -69,9 +69,19 @@ def engine_main(conn, device: str) -> None:
 def _transport(conn, stats: dict):
     import httpx
 
+    from spade_async.generation.sglang_state import SGLangState, apply
+
+    state = SGLangState()  # SGLang 0.5.23's session rule: updates only between begin/end
+
     def handle(request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            v = apply(state, path, {})
+            return httpx.Response(v.status, json=v.body())
         if path == "/update_weights_from_tensor":
+            if state.session is None:
+                v = apply(state, path, {})
+                return httpx.Response(v.status, json=v.body())
             body = json.loads(request.content)
             stats["payload_bytes"] += len(body["serialized_named_tensors"][0])
             t0 = time.perf_counter()

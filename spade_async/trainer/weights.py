@@ -148,7 +148,7 @@ def _bracket(opened: list[str], close: Callable[[str], None]):
             except WeightPushError as exc:
                 errors.append(str(exc))
         if errors:
-            first = f"{failed}; then " if isinstance(failed, WeightPushError) else ""
+            first = f"{failed}; then " if failed is not None and str(failed) else ""
             raise WeightPushError(first + "; ".join(errors)) from failed
 
 
