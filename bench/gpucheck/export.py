@@ -110,7 +110,7 @@ def _fallback_trainer(ctx: dict):
     config = Qwen3Config(**ctx["sizes"]["trainer"]["model"])
     with torch.device(ctx["device"]):
         lm = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return types.SimpleNamespace(model=PolicyModel(lm, 1.0), rank=0, version=1)
+    return types.SimpleNamespace(model=PolicyModel(lm, 1.0), rank=0, version=1, model_dir="")
 
 
 def export_part(ctx: dict, result: dict) -> None:
@@ -146,6 +146,7 @@ def export_part(ctx: dict, result: dict) -> None:
                 serialize=ipc_serialize,
                 pause_mode="in_place",
                 stats=stats,
+                dtype="bfloat16",  # what the stand-in engine holds
             )
             secs = time.perf_counter() - t1
             pushes.append(
