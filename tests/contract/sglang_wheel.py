@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import base64
 import contextlib
+import functools
 import importlib.util
 import io
 import pickle
@@ -218,6 +219,19 @@ class StandIn:
 
 def weight_updater_manager(stand_in: StandIn):
     """SGLang 0.5.23's ``SchedulerWeightUpdaterManager`` around ``stand_in``."""
+    cls, ns = _manager_class()
+    return cls(
+        tp_worker=stand_in,
+        draft_worker=None,
+        memory_saver_adapter=stand_in,
+        flush_cache=stand_in.flush_cache,
+        is_fully_idle=stand_in.is_fully_idle,
+        scheduler=stand_in,
+    ), ns
+
+
+@functools.cache
+def _manager_class():
     import dataclasses
     import typing
 
@@ -262,14 +276,7 @@ def weight_updater_manager(stand_in: StandIn):
             if node.name in ("_WeightUpdateSession", "SchedulerWeightUpdaterManager",
                              "_parse_runner_selector"):  # fmt: skip
                 exec(compile(_with_decorators(text, node), str(file), "exec"), ns)
-    return ns["SchedulerWeightUpdaterManager"](
-        tp_worker=stand_in,
-        draft_worker=None,
-        memory_saver_adapter=stand_in,
-        flush_cache=stand_in.flush_cache,
-        is_fully_idle=stand_in.is_fully_idle,
-        scheduler=stand_in,
-    ), ns
+    return ns["SchedulerWeightUpdaterManager"], ns
 
 
 def request(ns: dict, cls: str, **fields):

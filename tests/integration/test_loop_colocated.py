@@ -16,6 +16,7 @@ from spade_async import cycle
 from spade_async.rundir import RunDir
 
 
+@pytest.mark.slow  # ~1 min on 2 cores; tests/unit/test_colocated_turns.py is the fast one
 @pytest.mark.timeout(600)
 def test_colocated_turns_over_a_whole_run(tiny_model, tmp_path, monkeypatch, engine_trace):
     original = cycle.train_and_push
