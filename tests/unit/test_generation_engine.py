@@ -61,11 +61,9 @@ def test_logprobs_match_teacher_forcing_under_concurrent_batching(url, engine_ap
 
     async def main():
         async with GenerationClient([url]) as client:
-
             async def one(i):
-                sp = SamplingParams(
-                    max_new_tokens=6 + 3 * i, temperature=temps[i], sampling_seed=i, ignore_eos=True
-                )
+                sp = SamplingParams(max_new_tokens=6 + 3 * i, temperature=temps[i], sampling_seed=i,
+                                    ignore_eos=True)
                 results[i] = await client.generate(PROMPTS[i], sp)
 
             async with anyio.create_task_group() as tg:
@@ -86,32 +84,18 @@ def test_greedy_matches_transformers_generate(url, reference):
 
     async def main():
         async with GenerationClient([url]) as client:
-            return await client.generate(
-                prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-            )
+            return await client.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
 
     res = _run(main)
     with torch.no_grad():
-        ref = reference.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=12,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    assert res.output_ids == ref[0, len(prompt) :].tolist()
+        ref = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+    assert res.output_ids == ref[0, len(prompt):].tolist()
 
 
 def test_seeded_sampling_and_n(url):
-    sp = SamplingParams(
-        max_new_tokens=8,
-        temperature=1.0,
-        top_k=50,
-        top_p=0.9,
-        sampling_seed=7,
-        n=3,
-        ignore_eos=True,
-    )
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.9, sampling_seed=7, n=3,
+                        ignore_eos=True)
 
     async def main():
         async with GenerationClient([url]) as client:
@@ -132,34 +116,23 @@ def test_stop_token_and_stop_string(url, engine_app):
 
     base = _run(gen, greedy).output_ids
     stop_id = base[5]
-    res = _run(
-        gen,
-        SamplingParams(
-            max_new_tokens=16, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]
-        ),
-    )
+    res = _run(gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True,
+                                   stop_token_ids=[stop_id]))
     cut = base.index(stop_id) + 1
     assert res.output_ids == base[:cut] and res.finish_reason == "stop" and res.matched == stop_id
 
     full_text = tok.decode(base, skip_special_tokens=False)
     piece = tok.decode(base[6:8], skip_special_tokens=False)
-    res = _run(
-        gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True, stop=[piece])
-    )
+    res = _run(gen, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True, stop=[piece]))
     assert res.finish_reason == "stop" and res.matched == piece
     assert res.output_ids == base[: len(res.output_ids)] and len(res.output_ids) <= 8
-    assert (
-        res.text == tok.decode(res.output_ids, skip_special_tokens=True)[: full_text.find(piece)]
-        or piece not in res.text
-    )
+    assert res.text == tok.decode(res.output_ids, skip_special_tokens=True)[: full_text.find(piece)] or piece not in res.text
 
 
 def test_batch_input_ids_returns_a_list(url):
-    body = {
-        "input_ids": [PROMPTS[0], PROMPTS[2]],
-        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "n": 2, "ignore_eos": True},
-        "return_logprob": True,
-    }
+    body = {"input_ids": [PROMPTS[0], PROMPTS[2]],
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0, "n": 2, "ignore_eos": True},
+            "return_logprob": True}
     out = httpx.post(url + "/generate", json=body, timeout=60).json()
     assert isinstance(out, list) and len(out) == 4
     assert out[0]["output_ids"] == out[1]["output_ids"]  # greedy, same prompt
@@ -172,9 +145,7 @@ def test_batch_input_ids_returns_a_list(url):
 def test_too_long_prompt_fails_only_that_request(url):
     async def main():
         async with GenerationClient([url]) as client:
-            ok = await client.generate(
-                PROMPTS[0], SamplingParams(max_new_tokens=200, temperature=0)
-            )
+            ok = await client.generate(PROMPTS[0], SamplingParams(max_new_tokens=200, temperature=0))
             with pytest.raises(EngineRequestError, match="context length is 96"):
                 await client.generate(list(range(10, 120)), SamplingParams(max_new_tokens=2))
             return ok
@@ -192,11 +163,7 @@ def test_pause_and_continue(url):
             done = []
 
             async def one():
-                done.append(
-                    await client.generate(
-                        PROMPTS[2], SamplingParams(max_new_tokens=3, temperature=0)
-                    )
-                )
+                done.append(await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=3, temperature=0)))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one)
@@ -229,14 +196,9 @@ def test_update_weights_from_disk_success_and_failure(url, tmp_path, tiny_model)
     assert same.output_ids == before.output_ids and same.weight_version == v0
     assert versions[url] == str(int(v0) + 1) and after.weight_version == versions[url]
     with torch.no_grad():
-        ref = new_model.generate(
-            torch.tensor([PROMPTS[0]]),
-            max_new_tokens=6,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    assert after.output_ids == ref[0, len(PROMPTS[0]) :].tolist()
+        ref = new_model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+    assert after.output_ids == ref[0, len(PROMPTS[0]):].tolist()
     assert named[url] == "step-9"
 
 
@@ -248,9 +210,7 @@ def test_health_and_routing(url):
         async with GenerationClient([url, dead], cfg) as client:
             status = await client.check_health()
             picks = {client.pick(f"s{i}") for i in range(5)}
-            res = await client.generate(
-                PROMPTS[2], SamplingParams(max_new_tokens=2), session_key="ep1"
-            )
+            res = await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=2), session_key="ep1")
             return status, picks, res
 
     status, picks, res = _run(main)
@@ -265,9 +225,7 @@ def test_logprobs_match_the_trainers_policy_model(url, tiny_model):
 
     async def main():
         async with GenerationClient([url]) as client:
-            sp = SamplingParams(
-                max_new_tokens=10, temperature=temperature, sampling_seed=3, ignore_eos=True
-            )
+            sp = SamplingParams(max_new_tokens=10, temperature=temperature, sampling_seed=3, ignore_eos=True)
             return await client.generate(prompt, sp)
 
     res = _run(main)
@@ -431,11 +389,6 @@ def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_
     assert second is not first and flipped and third is first
     ref, _ = load_causal_lm(str(other))
     with torch.no_grad():
-        out = ref.generate(
-            torch.tensor([PROMPTS[0]]),
-            max_new_tokens=4,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    assert on_other.output_ids == out[0, len(PROMPTS[0]) :].tolist()
+        out = ref.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert on_other.output_ids == out[0, len(PROMPTS[0]):].tolist()
