@@ -47,8 +47,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
+# the first hour on a real node (tests/gpu/test_first_hour.py, one line per check; skips
+# cleanly without CUDA or SGLang): run it after `pip install -e '.[gpu]'`, before training
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu
+	$(BIN)/python -m pytest -v -rs -p no:cacheprovider -m gpu tests/gpu tests/unit/test_generation_sglang.py tests/kernels
 
 # spade report's page in headless Chromium: Debian's chromium-headless-shell (apt-get, as
 # root) driven by Playwright's Python package, which downloads no browser build of its own.

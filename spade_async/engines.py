@@ -139,11 +139,17 @@ def servers(
 async def running_engines(
     cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
 ) -> AsyncIterator[list[SGLangServer]]:
-    """Start every engine (supervised, restarted on crashes); yield them once healthy; stop them."""
+    """Start every engine (supervised, restarted on crashes) at once; yield them once all
+    are healthy; stop them. A failed start stops the others."""
     procs = servers(cfg, model_dir, log_dir, weight_version=weight_version)
     async with anyio.create_task_group() as tg:
-        for p in procs:
+
+        async def launch(p: SGLangServer) -> None:
             await tg.start(p.run)
+
+        async with anyio.create_task_group() as starting:  # cold starts overlap
+            for p in procs:
+                starting.start_soon(launch, p)
         try:
             yield procs
         finally:

@@ -69,9 +69,19 @@ def engine_main(conn, device: str) -> None:
 def _transport(conn, stats: dict):
     import httpx
 
+    from spade_async.generation.sglang_state import SGLangState, apply
+
+    state = SGLangState()  # SGLang 0.5.23's session rule: updates only between begin/end
+
     def handle(request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            v = apply(state, path, {})
+            return httpx.Response(v.status, json=v.body())
         if path == "/update_weights_from_tensor":
+            if state.session is None:
+                v = apply(state, path, {})
+                return httpx.Response(v.status, json=v.body())
             body = json.loads(request.content)
             stats["payload_bytes"] += len(body["serialized_named_tensors"][0])
             t0 = time.perf_counter()
@@ -100,7 +110,7 @@ def _fallback_trainer(ctx: dict):
     config = Qwen3Config(**ctx["sizes"]["trainer"]["model"])
     with torch.device(ctx["device"]):
         lm = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return types.SimpleNamespace(model=PolicyModel(lm, 1.0), rank=0, version=1)
+    return types.SimpleNamespace(model=PolicyModel(lm, 1.0), rank=0, version=1, model_dir="")
 
 
 def export_part(ctx: dict, result: dict) -> None:
@@ -136,6 +146,7 @@ def export_part(ctx: dict, result: dict) -> None:
                 serialize=ipc_serialize,
                 pause_mode="in_place",
                 stats=stats,
+                dtype="bfloat16",  # what the stand-in engine holds
             )
             secs = time.perf_counter() - t1
             pushes.append(

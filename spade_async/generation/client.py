@@ -257,12 +257,14 @@ class GenerationClient:
         await self._all(routes.CONTINUE, ContinueGenerationReqInput())
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
-        """SGLang ``/release_memory_occupation`` on every engine (``None``: weights and KV
-        cache). Colocated training frees the GPUs this way; engines must be idle."""
+        """SGLang ``/release_memory_occupation`` on every engine (``None``: every tag of
+        ``sglang_state.MEMORY_TAGS``). Colocated training frees the GPUs this way; engines
+        must be idle (SGLang's scheduler asserts it and dies otherwise)."""
         await self._all(routes.RELEASE_MEMORY, MemoryOccupationReqInput(tags=tags))
 
     async def resume_memory(self, tags: list[str] | None = None) -> None:
-        """SGLang ``/resume_memory_occupation`` (``None``: everything released)."""
+        """SGLang ``/resume_memory_occupation`` (``None``: every tag, released or not: a tag
+        not released kills SGLang's scheduler, KeyError; name the tags you released)."""
         await self._all(routes.RESUME_MEMORY, MemoryOccupationReqInput(tags=tags))
 
     async def flush_cache(self) -> None:
@@ -297,11 +299,15 @@ class GenerationClient:
         *,
         weight_version: str | None = None,
         abort_all_requests: bool = False,
+        flush_cache: bool = True,
     ) -> dict[str, str | None]:
+        """``flush_cache=False`` while paused ``in_place`` with requests running: SGLang
+        refuses the flush then, and reports the whole update as failed."""
         req = UpdateWeightFromDiskReqInput(
             model_path=model_path,
             weight_version=weight_version,
             abort_all_requests=abort_all_requests,
+            flush_cache=flush_cache,
         )
         return await self._update(routes.UPDATE_FROM_DISK, req)
 

@@ -37,7 +37,9 @@ from spade_async.generation.sampling import sample_tokens
 
 __all__ = ["MEMORY_TAGS", "Engine", "EngineBusy", "Sequence", "sample_tokens"]
 
-MEMORY_TAGS = ("weights", "kv_cache")  # SGLang's release/resume_memory_occupation tags
+# SGLang's release/resume_memory_occupation tags (constants.py GPU_MEMORY_ALL_TYPES; the CPU
+# engine has no CUDA graph: that tag only counts); sglang_state.py keeps their bookkeeping
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
 
 
 class EngineBusy(RuntimeError):
@@ -173,9 +175,9 @@ class Engine:
             self.released |= chosen
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
-        """Take memory back (``None``: every released tag). Weights are re-allocated empty:
+        """Take memory back (``None``: every tag, as SGLang). Weights are re-allocated empty:
         push weights before generating, as after SGLang's resume without a CPU backup."""
-        chosen = _tags(tags) if tags is not None else set(self.released)
+        chosen = _tags(tags)
         with self._cond:
             if "weights" in chosen and "weights" in self.released:
                 for name, p in self.model.named_parameters():
@@ -490,11 +492,9 @@ def _with_room(x: torch.Tensor, need: int) -> torch.Tensor:
 
 
 def _tags(tags: list[str] | None) -> set[str]:
-    chosen = set(MEMORY_TAGS if tags is None else tags)
-    unknown = sorted(chosen - set(MEMORY_TAGS))
-    if unknown:
-        raise ValueError(f"memory tag(s) {unknown} are not among {list(MEMORY_TAGS)}")
-    return chosen
+    """The regions ``tags`` names (None or []: all, as SGLang); other names hold no memory
+    here (SGLang keeps them in its offload set too: ``sglang_state.py`` does the books)."""
+    return set(tags or MEMORY_TAGS) & set(MEMORY_TAGS)
 
 
 def _cache_kw(model: Any) -> str:

@@ -170,6 +170,23 @@ class ContinueGenerationReqInput(msgspec.Struct, kw_only=True):
     """``POST /continue_generation`` (no field sent: SGLang's defaults)."""
 
 
+class BeginWeightUpdateReqInput(msgspec.Struct, kw_only=True):
+    """``POST /begin_weight_update``: opens the weight-update session that
+    ``update_weights_from_distributed``/``_tensor`` need (SGLang refuses them outside one)."""
+
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateReqInput(msgspec.Struct, kw_only=True):
+    """``POST /end_weight_update`` (no field): closes the session."""
+
+
+class DestroyWeightsUpdateGroupReqInput(msgspec.Struct, kw_only=True):
+    """``POST /destroy_weights_update_group``: drops an NCCL weight group by name."""
+
+    group_name: str = "weight_update_group"
+
+
 class InitWeightsUpdateGroupReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
     master_address: str
     master_port: int
@@ -187,6 +204,7 @@ class UpdateWeightsFromDistributedReqInput(msgspec.Struct, kw_only=True, omit_de
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    load_format: str | None = None  # "flattened_bucket": one uint8 broadcast per bucket
 
 
 class UpdateWeightsFromTensorReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):

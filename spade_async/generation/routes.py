@@ -16,7 +16,10 @@ from typing import Literal
 import msgspec
 
 from spade_async.generation.protocol import (
+    BeginWeightUpdateReqInput,
     ContinueGenerationReqInput,
+    DestroyWeightsUpdateGroupReqInput,
+    EndWeightUpdateReqInput,
     GenerateOutput,
     GenerateReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -68,6 +71,26 @@ UPDATE_FROM_DISK = Endpoint(
     request=UpdateWeightFromDiskReqInput,
     reply=UpdateWeightFromDiskReqOutput,
 )
+# the weight-update session around update_weights_from_distributed/_tensor (SGLang refuses
+# both outside one: managers/scheduler_components/weight_updater.py)
+BEGIN_UPDATE = Endpoint(
+    path="/begin_weight_update",
+    method="POST",
+    request=BeginWeightUpdateReqInput,
+    reply=UpdateWeightsReqOutput,
+)
+END_UPDATE = Endpoint(
+    path="/end_weight_update",
+    method="POST",
+    request=EndWeightUpdateReqInput,
+    reply=UpdateWeightsReqOutput,
+)
+DESTROY_WEIGHT_GROUP = Endpoint(
+    path="/destroy_weights_update_group",
+    method="POST",
+    request=DestroyWeightsUpdateGroupReqInput,
+    reply=UpdateWeightsReqOutput,
+)
 INIT_WEIGHT_GROUP = Endpoint(
     path="/init_weights_update_group",
     method="POST",
@@ -99,6 +122,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     RELEASE_MEMORY,
     RESUME_MEMORY,
     UPDATE_FROM_DISK,
+    BEGIN_UPDATE,
+    END_UPDATE,
+    DESTROY_WEIGHT_GROUP,
     INIT_WEIGHT_GROUP,
     UPDATE_FROM_DISTRIBUTED,
     UPDATE_FROM_TENSOR,

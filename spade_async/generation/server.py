@@ -10,9 +10,19 @@ prompt; ``return_logprob``, ``return_text_in_logprobs``, ``rid``), ``GET /health
 ``POST /update_weights_from_disk``, ``POST /pause_generation`` (``mode``: ``abort`` default
 as in SGLang; ``in_place`` and ``retract`` both keep requests and resume them),
 ``POST /continue_generation``, ``POST /release_memory_occupation`` and
-``POST /resume_memory_occupation`` (``tags``: ``weights``, ``kv_cache``, or null for all;
-release only while idle, as SGLang; weights resume with undefined contents until the next
-update, as SGLang without a CPU backup; ``/generate`` answers 409 while released). Errors
+``POST /resume_memory_occupation`` (``tags``: ``kv_cache``, ``weights``, ``cuda_graph``,
+or null for all), ``POST /begin_weight_update`` / ``/end_weight_update`` and
+``/destroy_weights_update_group``. The control routes keep SGLang 0.5.23's state machine
+(``sglang_state.py``, each rule citing the wheel function it models; ``tests/contract``
+runs SGLang's own scheduler-side code against it): pushes over NCCL/IPC are refused outside
+a weight-update session, a resume of a tag not released kills the engine as SGLang's
+scheduler dies (every later call 503, the process exits and its supervisor restarts it), a
+release with requests in the running batch too, a flush after an update is refused (and
+the update reported failed, ``/model_info`` keeping the old version) while an ``in_place``
+pause keeps requests running; weights resume with undefined contents until the next
+update, as SGLang without a CPU backup; ``/generate`` answers 409 while released.
+``SPADE_ENGINE_TRACE=DIR`` writes every judged call as a JSON line (the loop tests'
+recorder). ``/health`` is liveness (200 while paused), as the launcher runs SGLang. Errors
 are HTTP 400 with SGLang's body ``{"error": {"message": ...}}``; a bad prompt fails only its
 own request. Like SGLang, ``meta_info`` carries ``weight_version`` (the weights of the last
 token) and ``weight_versions`` (``[{version, start, end}]`` spans of output tokens, more than
@@ -49,9 +59,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from spade_async.generation import routes
+from spade_async.generation import routes, sglang_state
 from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
 from spade_async.generation.protocol import (
+    BeginWeightUpdateReqInput,
+    DestroyWeightsUpdateGroupReqInput,
     GenerateOutput,
     GenerateReqInput,
     MemoryOccupationReqInput,
@@ -64,6 +76,7 @@ from spade_async.generation.protocol import (
     UpdateWeightsReqOutput,
     WeightVersionSpan,
 )
+from spade_async.generation.sglang_state import SGLangState, Verdict
 
 __all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
 
@@ -98,9 +111,19 @@ class EngineApp:
         self._update_lock = asyncio.Lock()
         self._spare: Any = None  # a second model the next weight update is copied into
         self._decode_gen = msgspec.json.Decoder(RoutedGenerateReqInput)
+        # SGLang's control-plane state; its running batch is the engine's (only the rows
+        # already decoding while paused; every request while not)
+        self.sgl = SGLangState(
+            engine.weight_version,
+            running=lambda: len(engine.active) if self.sgl.paused else engine.load(),
+        )
+        self.on_fatal: Any = None  # what a fatal call does beyond refusing all later ones
+        self.sgl.on_call = _tracer()
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
         try:
             req = self._decode_gen.decode(await request.body())
             prompts, params, rids, single = self._normalise(req)
@@ -226,10 +249,43 @@ class EngineApp:
         )
         return GenerateOutput(text=text, output_ids=list(ids), meta_info=meta)
 
-    # ---- control ---------------------------------------------------------------------------
+    # ---- control (SGLang 0.5.23's state machine: sglang_state.py) ------------------------
+    def _judge(self, path: str, body: dict | None) -> Verdict:
+        return sglang_state.apply(self.sgl, path, body or {})
+
+    def _answer(self, verdict: Verdict, ok_body: Any = None) -> Response:
+        """SGLang's reply for a judged call: ``ok_body`` (default ``{success, message}``) on
+        success, ``{success: false, message}`` with SGLang's status when refused; a fatal
+        verdict kills the server (SGLang's scheduler died)."""
+        if verdict.fatal:
+            self._die(verdict.message)
+            return _error(f"server died: {verdict.message}", status=500)
+        if not verdict.ok:
+            return JSONResponse(verdict.body(), status_code=verdict.status)
+        return JSONResponse(verdict.body() if ok_body is None else ok_body)
+
+    def _die(self, why: str) -> None:
+        """SGLang's scheduler raised: it is gone and its server with it. Here every later
+        call fails (503) and ``on_fatal`` runs (the process exits: the supervisor restarts)."""
+        print(f"spade-engine: fatal (as SGLang's scheduler would die): {why}", file=sys.stderr)
+        self.engine.pause(abort=True)  # its requests end with it
+        if self.on_fatal is not None:
+            asyncio.get_running_loop().call_later(0.2, self.on_fatal)
+
+    async def _body(self, request: Request, struct: type) -> Any:
+        return msgspec.json.decode(await request.body() or b"{}", type=struct)
+
+    def _dead(self, request: Request) -> Response | None:
+        if self.sgl.dead:  # recorded as refused, like every call after the death
+            self.sgl.judge(request.url.path, Verdict(ok=False))
+            return _error(f"server died: {self.sgl.dead}", status=503)
+        return None
+
     async def health(self, request: Request) -> Response:
+        """SGLang /health run with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 (as the
+        launcher starts it): 200 while the server lives, paused or not."""
         alive = self.engine._thread is not None and self.engine._thread.is_alive()
-        return Response(status_code=200 if alive else 503)
+        return Response(status_code=200 if alive and not self.sgl.dead else 503)
 
     async def model_info(self, request: Request) -> Response:
         return _json(
@@ -237,7 +293,7 @@ class EngineApp:
                 model_path=self.model_path,
                 tokenizer_path=self.model_path,
                 is_generation=True,
-                weight_version=self.engine.weight_version,
+                weight_version=self.sgl.weight_version,
             )
         )
 
@@ -249,40 +305,87 @@ class EngineApp:
                 "tokenizer_path": self.model_path,
                 "served_model_name": self.model_path,
                 "context_length": self.context_length,
-                "weight_version": self.engine.weight_version,
+                "weight_version": self.sgl.weight_version,
                 "version": "spade-async-cpu",
             }
         )
 
     async def flush_cache(self, request: Request) -> Response:
-        return Response("Cache flushed.", status_code=200)
+        if (dead := self._dead(request)) is not None:
+            return dead
+        v = self._judge(routes.FLUSH_CACHE.path, None)
+        # HTTP flush_cache: plain text, 200 or 400 (nothing cached here to drop)
+        return Response("Cache flushed." if v.ok else v.message, status_code=v.status)
 
     async def pause(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
         try:
-            req = msgspec.json.decode(await request.body() or b"{}", type=PauseGenerationReqInput)
+            req = await self._body(request, PauseGenerationReqInput)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return _error(f"pause_generation: {exc}")
-        mode = req.mode
-        self.engine.pause(abort=mode == "abort")
-        return JSONResponse({"success": True, "message": f"paused ({mode})"})
+            return _error(f"pause_generation: {exc}", status=422)
+        v = self._judge(routes.PAUSE.path, {"mode": req.mode})
+        if v.ok:
+            self.engine.pause(abort=req.mode == "abort")
+            if req.mode == "abort":  # TM.pause_generation returns once no request is left
+                with anyio.move_on_after(60):
+                    while self.engine.active:
+                        await asyncio.sleep(0.01)
+        return self._answer(v, {"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
+        v = self._judge(routes.CONTINUE.path, None)
         self.engine.resume()
-        return JSONResponse({"success": True, "message": "continued"})
+        return self._answer(v, {"message": "Generation continued successfully.", "status": "ok"})
+
+    async def begin_update(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
+        try:
+            req = await self._body(request, BeginWeightUpdateReqInput)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _error(str(exc), status=422)
+        return self._answer(self._judge(routes.BEGIN_UPDATE.path, {"selector": req.selector}))
+
+    async def end_update(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
+        return self._answer(self._judge(routes.END_UPDATE.path, None))
+
+    async def destroy_group(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
+        try:
+            req = await self._body(request, DestroyWeightsUpdateGroupReqInput)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _error(str(exc), status=422)
+        v = self._judge(routes.DESTROY_WEIGHT_GROUP.path, {"group_name": req.group_name})
+        return self._answer(v)
 
     async def update_from_disk(self, request: Request) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
         try:
             req = msgspec.json.decode(await request.body(), type=UpdateWeightFromDiskReqInput)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _error(str(exc))
+        path = routes.UPDATE_FROM_DISK.path
+        fault = self.sgl._weights_resident(path)  # loading into released weights: fatal
+        if fault is not None:
+            return self._answer(self.sgl.judge(path, fault))
         async with self._update_lock:  # one update at a time: the spare model is shared
             try:
                 model = await anyio.to_thread.run_sync(self._load_weights, req.model_path)
             except Exception as exc:  # a failed load is an answer, the old weights keep serving
-                out = UpdateWeightFromDiskReqOutput(
-                    success=False, message=f"failed to load {req.model_path}: {exc}"
+                v = self.sgl.judge(
+                    path,
+                    Verdict(
+                        ok=False, status=400, message=f"failed to load {req.model_path}: {exc}"
+                    ),
                 )
-                return _json(out, status=400)
+                return _json(UpdateWeightFromDiskReqOutput(success=False, message=v.message), 400)
             running = self.engine.load()
             version = req.weight_version or _next_version(self.engine.weight_version)
             old = self.engine.model
@@ -290,13 +393,15 @@ class EngineApp:
             await asyncio.wrap_future(fut)
             # the old model is now idle: the next update is copied into it
             self._spare = None if self.engine.released else old
+            # the weights changed; the flush after them may still fail the call (in_place)
+            v = self.sgl.judge(path, self.sgl._updated(version, req.flush_cache))
         self.model_path = req.model_path
         out = UpdateWeightFromDiskReqOutput(
-            success=True,
-            message=f"loaded {req.model_path} as weight version {version}",
+            success=v.ok,
+            message=f"loaded {req.model_path} as weight version {version}" if v.ok else v.message,
             num_paused_requests=running,
         )
-        return _json(out)
+        return _json(out, status=v.status)
 
     def _load_weights(self, path: str) -> Any:
         """The new model: the checkpoint's tensors copied into a spare copy of the serving
@@ -317,30 +422,77 @@ class EngineApp:
         return model
 
     async def release_memory(self, request: Request) -> Response:
-        return await self._memory(request, self.engine.release_memory)
+        return await self._memory(request, routes.RELEASE_MEMORY.path, self.engine.release_memory)
 
     async def resume_memory(self, request: Request) -> Response:
-        return await self._memory(request, self.engine.resume_memory)
+        return await self._memory(request, routes.RESUME_MEMORY.path, self.engine.resume_memory)
 
-    async def _memory(self, request: Request, action) -> Response:
+    async def _memory(self, request: Request, path: str, action) -> Response:
+        if (dead := self._dead(request)) is not None:
+            return dead
         try:
             req = msgspec.json.decode(await request.body() or b"{}", type=MemoryOccupationReqInput)
-            action(req.tags)
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            return _error(str(exc))
-        except EngineBusy as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _error(str(exc), status=422)
+        before = set(self.sgl.offload_tags)
+        v = self._judge(path, {"tags": req.tags})
+        if not v.ok:
+            return self._answer(v)
+        try:
+            action(req.tags or list(sglang_state.MEMORY_TAGS))
+        except EngineBusy as exc:  # SGLang would retract the running rows; this engine keeps
+            self.sgl.offload_tags = before  # them (retract = in_place here): not released
             return _error(str(exc), status=409)
         if "weights" in self.engine.released:
             self._spare = None  # released weights: no second copy either
-        return JSONResponse({"success": True, "released": sorted(self.engine.released)})
+        return _json(None)  # HTTP release/resume_memory_occupation return nothing: null
+
+    async def update_distributed(self, request: Request) -> Response:
+        return await self._gpu_only(request, routes.UPDATE_FROM_DISTRIBUTED.path)
+
+    async def update_tensor(self, request: Request) -> Response:
+        return await self._gpu_only(request, routes.UPDATE_FROM_TENSOR.path)
+
+    async def _gpu_only(self, request: Request, path: str) -> Response:
+        """GPU-only updates: outside a weight-update session refused as SGLang refuses
+        them (the session rule comes first there too), inside one not supported here."""
+        if (dead := self._dead(request)) is not None:
+            return dead
+        if path in sglang_state.SESSION_ROUTES and self.sgl.session is None:
+            body = msgspec.json.decode(await request.body() or b"{}")
+            return self._answer(self._judge(path, body if isinstance(body, dict) else {}))
+        return await self.unsupported(request)
 
     async def unsupported(self, request: Request) -> Response:
-        out = UpdateWeightsReqOutput(
-            success=False,
-            message=f"{request.url.path} is not supported by the CPU engine "
-            "(GPU/SGLang only); use /update_weights_from_disk",
+        msg = (
+            f"{request.url.path} is not supported by the CPU engine "
+            "(GPU/SGLang only); use /update_weights_from_disk"
         )
-        return _json(out, status=400)
+        self.sgl.judge(request.url.path, Verdict(ok=False, status=400, message=msg))
+        return _json(UpdateWeightsReqOutput(success=False, message=msg), status=400)
+
+
+def _tracer():
+    """``SPADE_ENGINE_TRACE=DIR``: every control call and its verdict, one JSON line each, in
+    ``DIR/engine-<pid>-<n>.jsonl`` (the contract recorder of the loop tests reads them)."""
+    import itertools
+    import os
+
+    folder = os.environ.get("SPADE_ENGINE_TRACE", "")
+    if not folder:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        path = Path(folder) / f"engine-{os.getpid()}-{n}.jsonl"
+        if not path.exists():
+            break
+    path.touch()
+
+    def write(call) -> None:
+        with open(path, "ab") as f:
+            f.write(msgspec.json.encode(call) + b"\n")
+
+    return write
 
 
 def _copy_checkpoint(model: Any, file: Path) -> bool:
@@ -402,10 +554,13 @@ def build_app(app: EngineApp) -> Starlette:
         routes.UPDATE_FROM_DISK: app.update_from_disk,
         routes.RELEASE_MEMORY: app.release_memory,
         routes.RESUME_MEMORY: app.resume_memory,
-        # GPU-only paths: answered with a clear "not supported" (HTTP 400)
+        routes.BEGIN_UPDATE: app.begin_update,
+        routes.END_UPDATE: app.end_update,
+        routes.DESTROY_WEIGHT_GROUP: app.destroy_group,
+        # GPU-only paths: refused outside a session as SGLang does, else "not supported"
         routes.INIT_WEIGHT_GROUP: app.unsupported,
-        routes.UPDATE_FROM_DISTRIBUTED: app.unsupported,
-        routes.UPDATE_FROM_TENSOR: app.unsupported,
+        routes.UPDATE_FROM_DISTRIBUTED: app.update_distributed,
+        routes.UPDATE_FROM_TENSOR: app.update_tensor,
     }
     # every path and method is one of the endpoint table's (a subset of SGLang's: contract)
     table = [Route(e.path, handlers[e], methods=[e.method]) for e in routes.ENDPOINTS]
@@ -485,8 +640,11 @@ def main(argv: list[str] | None = None) -> int:
     except SpadeError as exc:
         print(f"spade-engine: error: {exc}", file=sys.stderr)
         return 2
+    import os
+
     import uvicorn
 
+    app.on_fatal = lambda: os._exit(70)  # SGLang's server dies with its scheduler
     uvicorn.run(build_app(app), host=args.host, port=args.port, log_level="warning")
     return 0
 

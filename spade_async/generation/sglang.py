@@ -12,7 +12,9 @@ the ``spawn`` start method, installs SIGCHLD/SIGQUIT handlers and kills its proc
 on a child failure). The server gets its GPUs through ``CUDA_VISIBLE_DEVICES`` (so
 ``--base-gpu-id 0``), runs in its own session so ``stop`` can end the whole process group,
 and gets ``SGLANG_RETURN_ORIGINAL_LOGPROB=0`` so its log-probs follow
-``logprob_convention.py`` (temperature-scaled).
+``logprob_convention.py`` (temperature-scaled), and
+``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`` so ``/health`` stays 200 while a weight push
+has it paused.
 
 The NCCL weight-update group: the trainer is rank 0, engine ``i``'s TP ranks follow;
 ``weight_group_requests`` builds the ``/init_weights_update_group`` bodies and
@@ -38,6 +40,7 @@ from spade_async.errors import ConfigError
 from spade_async.generation.client import EngineError
 from spade_async.generation.protocol import InitWeightsUpdateGroupReqInput
 from spade_async.generation.sglang_source import PINNED, pinned_flags
+from spade_async.generation.sglang_state import HEALTH_GENERATION_ENV
 
 __all__ = [
     "SGLangConfig",
@@ -107,6 +110,10 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpu_ids),
         "SGLANG_RETURN_ORIGINAL_LOGPROB": "0",
+        # /health as liveness: with generation on (SGLang's default) it waits behind a
+        # pause and answers 503 after 20 s, so a weight push looked like a dead engine to
+        # the client's and the router's probes (a crash is seen as the process's exit)
+        HEALTH_GENERATION_ENV: "0",
     }
     return argv, env
 

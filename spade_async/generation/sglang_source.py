@@ -45,6 +45,9 @@ _STRUCT_FILES = (
     "sglang/srt/utils/weight_versions.py",
 )
 _SERVER_ARGS = "sglang/srt/server_args.py"
+WEIGHT_UPDATER = "sglang/srt/managers/scheduler_components/weight_updater.py"
+CONSTANTS = "sglang/srt/constants.py"
+ENVIRON = "sglang/srt/environ.py"
 _ARG_FIELDS = "sglang/srt/arg_groups/fields/"
 
 
@@ -93,7 +96,7 @@ class SGLangSource:
 
     @classmethod
     def from_wheel(cls, wheel: Path) -> SGLangSource:
-        wanted = (HTTP_SERVER, _SERVER_ARGS, *_STRUCT_FILES)
+        wanted = (HTTP_SERVER, _SERVER_ARGS, WEIGHT_UPDATER, CONSTANTS, ENVIRON, *_STRUCT_FILES)
         with zipfile.ZipFile(wheel) as z:
             names = [n for n in z.namelist() if n in wanted or _is_arg_fields(n)]
             missing = [w for w in wanted if w not in names]
@@ -173,6 +176,67 @@ class SGLangSource:
                         if isinstance(n, ast.Constant) and isinstance(n.value, str)
                     }
         raise KeyError(f"{cls}.{field} not found in SGLang {_STRUCT_FILES}")
+
+    def schema(self, cls: str, where: str | None = None) -> dict[str, tuple[tuple, bool]]:
+        """{field: (type tree, required)} of a request class, bases included: the tree is
+        ``type_tree`` of its annotation; required = no default in SGLang."""
+        for path in (where,) if where else _STRUCT_FILES:
+            classes = _classes(self._trees[path])
+            if cls in classes:
+                return _schema(classes, cls)
+        raise KeyError(f"class {cls} not found in SGLang {where or _STRUCT_FILES}")
+
+    # ---- behaviour read from the scheduler side -------------------------------------------
+    def session_guarded(self) -> set[str]:
+        """Methods of SchedulerWeightUpdaterManager that refuse (return success=False) when
+        ``self._session is None``: the handlers that need a weight-update session."""
+        return {
+            fn.name
+            for fn in ast.walk(self._trees[WEIGHT_UPDATER])
+            if isinstance(fn, ast.FunctionDef) and _guard(fn, ast.Is)
+        }
+
+    def session_exclusive(self) -> set[str]:
+        """Methods that refuse while a session is open (``self._session is not None``)."""
+        return {
+            fn.name
+            for fn in ast.walk(self._trees[WEIGHT_UPDATER])
+            if isinstance(fn, ast.FunctionDef) and _guard(fn, ast.IsNot)
+        }
+
+    def memory_types(self) -> list[str]:
+        """constants.py GPU_MEMORY_ALL_TYPES, in order (what tags=None means)."""
+        consts: dict[str, object] = {}
+        for node in self._trees[CONSTANTS].body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if isinstance(node.value, ast.Constant):
+                    consts[name] = node.value.value
+                elif isinstance(node.value, ast.List):
+                    consts[name] = [consts[e.id] for e in node.value.elts]
+        return list(consts["GPU_MEMORY_ALL_TYPES"])
+
+    def tag_ops(self, method: str) -> set[str]:
+        """How ``method`` of the manager touches ``self.offload_tags`` (add/remove/...)."""
+        for fn in ast.walk(self._trees[WEIGHT_UPDATER]):
+            if isinstance(fn, ast.FunctionDef) and fn.name == method:
+                return {
+                    n.func.attr
+                    for n in ast.walk(fn)
+                    if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute)
+                    and ast.unparse(n.func.value) == "self.offload_tags"
+                }
+        raise KeyError(method)
+
+    def env_default(self, name: str) -> object:
+        """The default of an ``envs`` field in environ.py (``NAME = EnvBool(True)``)."""
+        for node in ast.walk(self._trees[ENVIRON]):
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == name:
+                call = node.value
+                if isinstance(call, ast.Call) and call.args:
+                    return ast.literal_eval(call.args[0])
+        raise KeyError(f"environ.py defines no {name}")
 
     # ---- server arguments -----------------------------------------------------------------
     def flags(self) -> set[str]:
@@ -256,6 +320,83 @@ def _fields(classes: dict[str, ast.ClassDef], name: str) -> set[str]:
         if isinstance(base, ast.Name) and base.id in classes:
             out |= _fields(classes, base.id)
     return out
+
+
+def _guard(fn: ast.FunctionDef, op: type) -> bool:
+    """The function opens with ``if self._session <op> None: return ...``."""
+    for stmt in fn.body[:2]:
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare):
+            t = stmt.test
+            if ast.unparse(t.left) == "self._session" and isinstance(t.ops[0], op):
+                return any(isinstance(s, ast.Return) for s in stmt.body)
+    return False
+
+
+def _schema(classes: dict[str, ast.ClassDef], name: str) -> dict[str, tuple[tuple, bool]]:
+    node = classes[name]
+    out: dict[str, tuple[tuple, bool]] = {}
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in classes:
+            out.update(_schema(classes, base.id))
+    for s in node.body:
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
+            out[s.target.id] = (type_tree(s.annotation), s.value is None)
+    return out
+
+
+_SCALARS = {"str": "str", "int": "int", "float": "float", "bool": "bool", "bytes": "bytes"}
+
+
+def type_tree(node: ast.AST) -> tuple:
+    """An annotation as a JSON-level type tree: ('str',), ('list', t), ('union', (t, ...)),
+    ('literal', (v, ...)), ('dict',), ('any',), ('none',); bytes marked Base64Bytes travel
+    as base64 strings over HTTP."""
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return ("none",)
+        if isinstance(node.value, str):
+            return type_tree(ast.parse(node.value, mode="eval").body)
+    if isinstance(node, ast.Name):
+        if node.id in _SCALARS:
+            return (_SCALARS[node.id],)
+        if node.id in ("list", "List", "tuple", "Tuple"):
+            return ("list", ("any",))
+        if node.id in ("dict", "Dict"):
+            return ("dict",)
+        return ("any",)  # Any, a struct or an alias from another module: not resolved
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return ("union", (type_tree(node.left), type_tree(node.right)))
+    if isinstance(node, ast.Subscript):
+        head = ast.unparse(node.value).split(".")[-1]
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if head == "Optional":
+            return ("union", (type_tree(args[0]), ("none",)))
+        if head == "Union":
+            return ("union", tuple(type_tree(a) for a in args))
+        if head in ("List", "list", "Sequence"):
+            return ("list", type_tree(args[0]))
+        if head in ("Tuple", "tuple"):
+            return ("list", ("any",))
+        if head == "Literal":
+            return ("literal", tuple(a.value for a in args if isinstance(a, ast.Constant)))
+        if head == "Annotated":
+            inner = type_tree(args[0])
+            if any("Base64Bytes" in ast.unparse(a) for a in args[1:]):
+                inner = _b64(inner)
+            return inner
+        if head in ("Dict", "dict"):
+            return ("dict",)
+    return ("any",)
+
+
+def _b64(tree: tuple) -> tuple:
+    if tree == ("bytes",):
+        return ("str",)
+    if tree[0] == "list":
+        return ("list", _b64(tree[1]))
+    if tree[0] == "union":
+        return ("union", tuple(_b64(t) for t in tree[1]))
+    return tree
 
 
 def _class_flags(node: ast.ClassDef) -> set[str]:

@@ -31,7 +31,7 @@ from spade_async.roles.agent import FAULT_STATUSES, EnvRef, Episode, play_episod
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
 from spade_async.trainer.batch import Batch, Sample
-from spade_async.trainer.client import TrainerDied
+from spade_async.trainer.client import PushRefused, TrainerDied
 
 if TYPE_CHECKING:
     from spade_async.loop.runtime import Runtime
@@ -399,17 +399,22 @@ async def train_and_push(
 
     Colocated with memory release (``rt.release_memory``; sync schedule, engines idle), the
     engines give their GPU memory to the trainer first and take it back in slime's order:
-    release all -> train -> resume weights -> push -> resume the KV cache.
+    release all -> train -> resume weights -> push -> resume the rest. Every call names its
+    tags: SGLang's resume removes each named tag from its offload set and dies (KeyError)
+    on one it no longer holds, and no tags means all of them (``sglang_state.py``).
 
     ``normaliser``: the sample count a sample-mean loss divides by (``batcher.loss_normaliser``;
     0: the batch's own count)."""
+    from spade_async.generation.sglang_state import MEMORY_TAGS
+
+    rest = [t for t in MEMORY_TAGS if t != "weights"]  # the KV cache and the CUDA graphs
     if not samples:
         rt.meters.count("train/empty_batches")
         return {}
     # shielded: a Ctrl-C never leaves the trainer mid-call or the engines behind its version
     with anyio.CancelScope(shield=True), rt.meters.busy("trainer"):
         if rt.release_memory:
-            await rt.client.release_memory()
+            await rt.client.release_memory(list(MEMORY_TAGS))
         died = ""
         try:
             with rt.meters.busy("train"):  # phases of the trainer's busy time (report)
@@ -427,7 +432,7 @@ async def train_and_push(
             with rt.meters.busy("push"):
                 metrics = {**metrics, **await _push(rt, pause)}
         if rt.release_memory:
-            await rt.client.resume_memory()
+            await rt.client.resume_memory(rest)
     if metrics:
         rt.meters.add_tokens("trainer", sum(len(s.token_ids) for s in samples))
     return metrics
@@ -444,6 +449,11 @@ async def _push(rt: Runtime, pause: bool) -> dict[str, float]:
     except TrainerDied as exc:
         rt.meters.count("train/lost_batches")
         await rt.restart_trainer(str(exc), pause=pause)
+        return {}
+    except PushRefused as exc:  # engines keep their version; the next push sends everything
+        rt.meters.count("train/lost_batches")
+        rt.meters.count("push/refused")
+        rt.tel.event(rt.state.step, f"weight push refused, batch lost: {exc}")
         return {}
     return {"push_s": pushed.seconds, "push_paused_s": pushed.paused_s}
 

@@ -30,7 +30,12 @@ class TrainerDied(SpadeError):
     """The trainer (a rank, or torchrun) is gone; the message carries its exit and log tail."""
 
 
-_ERRORS: dict[str, type[SpadeError]] = {"BatchError": BatchError}
+class PushRefused(TrainerError):
+    """An engine refused the weight push (``trainer.weights.WeightPushError``): the message
+    names the engine, the route and SGLang's answer; every paused engine was continued."""
+
+
+_ERRORS: dict[str, type[SpadeError]] = {"BatchError": BatchError, "WeightPushError": PushRefused}
 
 
 class TrainerClient:

@@ -18,6 +18,7 @@ Contract-tested on CPU (fake serializer, fake gather); not run on a GPU here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -87,7 +88,7 @@ def push_tensor(
     ``collectives`` = (gather to rank 0, all-gather) over the trainer ranks; the default
     uses the control group (tests pass fakes). Rank 0 returns {URL: version}, others {}."""
     from spade_async.trainer.stream import bucketed, engine_dtype
-    from spade_async.trainer.weights import WeightPushError, _check, _paused, _verify, _with_last
+    from spade_async.trainer.weights import WeightPushError, _paused, _session, _verify, _with_last
 
     gather, all_gather = collectives or _default_collectives(trainer)
     rank_gpus = all_gather(my_gpu(trainer))
@@ -110,51 +111,66 @@ def push_tensor(
     flush = pause_mode != "in_place"
     client = httpx.Client(timeout=timeout, transport=transport) if trainer.rank == 0 else None
     urls = [e["url"] for e in engines]
+    error = ""
     try:
-        with _paused(client, urls, pause_mode, stats) if client else _nothing():
+        with contextlib.ExitStack() as stack:
+            if client is not None:
+                try:  # pause, then SGLang's weight-update session (refused outside one)
+                    stack.enter_context(_paused(client, urls, pause_mode, stats))
+                    stack.enter_context(_session(client, urls))
+                except WeightPushError as exc:
+                    error = str(exc)  # the other ranks still meet rank 0 in the first bucket
             for chunk, last in _with_last(chunks):
                 # one serialisation per TP rank, of this rank's own copy of the bucket
                 payloads = gather({key: ser(chunk) for key in mine})
-                error = ""
-                if client is not None:
-                    try:
-                        got = {k: v for part in payloads for k, v in part.items()}
-                        for i, e in enumerate(engines):
-                            body = {
-                                "serialized_named_tensors": [
-                                    got[(i, k)] for k in range(e["tp_size"])
-                                ],
-                                "flush_cache": flush and last,
-                                "weight_version": str(trainer.version),
-                            }
-                            resp = client.post(f"{e['url']}/update_weights_from_tensor", json=body)
-                            _check(e["url"], resp)
-                    except (httpx.HTTPError, WeightPushError) as exc:
-                        error = str(exc) or type(exc).__name__
+                if client is not None and not error:
+                    error = _post_bucket(client, engines, payloads, flush and last, trainer)
                 # every rank keeps its bucket until the engines have read every handle, and
                 # learns whether rank 0 goes on (a refused bucket stops all ranks together)
                 error = all_gather(error)[0]
                 if error:
-                    if client is None:
-                        return {}
-                    raise WeightPushError(error)
-        if client is None:
-            return {}
+                    break
+            if client is None:
+                return {}
+            if error:  # ending the sessions and continuing the engines may add to it
+                try:
+                    stack.close()
+                except WeightPushError as exc:
+                    error = str(exc)
+                raise WeightPushError(error)
+        # sessions ended and engines continued (a failure there raised): check versions
         return {url: _verify(client, url, trainer.version) for url in urls}
     finally:
         if client is not None:
             client.close()
 
 
-class _nothing:
-    def __enter__(self):
-        return None
+def _post_bucket(client, engines, payloads, flush: bool, trainer) -> str:
+    """POST one bucket to every engine; '' or the first refusal's one line."""
+    from spade_async.trainer.weights import WeightPushError, _check
 
-    def __exit__(self, *exc):
-        return False
+    try:
+        got = {k: v for part in payloads for k, v in part.items()}
+        for i, e in enumerate(engines):
+            body = {
+                "serialized_named_tensors": [got[(i, k)] for k in range(e["tp_size"])],
+                "flush_cache": flush,
+                "weight_version": str(trainer.version),
+            }
+            _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
+    except (httpx.HTTPError, WeightPushError) as exc:
+        return str(exc) or type(exc).__name__
+    return ""
 
 
 def _sglang_serialize(chunk) -> str:
+    """SGLang's serialisation of a bucket for ``/update_weights_from_tensor``: its
+    ``monkey_patch_torch_reductions`` (utils/patch_torch.py) first, so each CUDA handle
+    carries its device's UUID, not this process's device index (engine 1 of
+    ``[[0-3],[4-7]]`` sees 4 devices: index 4+k is no device there, the UUID maps to k);
+    the receiving scheduler applies the same patch before it deserialises."""
     from sglang.srt.utils import MultiprocessingSerializer  # GPU only
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
+    monkey_patch_torch_reductions()  # idempotent: patched once per process
     return MultiprocessingSerializer.serialize(chunk, output_str=True)

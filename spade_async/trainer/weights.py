@@ -9,18 +9,27 @@ HTTP):
   removed once every engine has moved on.
 - ``distributed`` (SGLang on other GPUs): once, ``POST /init_weights_update_group`` to each
   engine while rank 0 joins the same NCCL group as rank 0 (engines take ranks
-  1..sum(tp)); then per bucket of parameters (``bucket_bytes``), ``POST
-  /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
-  "flush_cache", "weight_version"}`` in a thread while rank 0 broadcasts each tensor.
-- ``tensor`` (SGLang colocated on the same GPUs): per bucket, CUDA IPC handles serialised
-  with SGLang's ``MultiprocessingSerializer`` in ``POST /update_weights_from_tensor``, one
-  payload per engine TP rank from the trainer rank on that GPU (ipc.py).
+  1..sum(tp)); then, inside a weight-update session (``POST /begin_weight_update`` ..
+  ``/end_weight_update``: SGLang 0.5.23 refuses the update outside one), per bucket of
+  parameters (``bucket_bytes``), ``POST /update_weights_from_distributed {"names",
+  "dtypes", "shapes", "group_name", "flush_cache", "weight_version", "load_format":
+  "flattened_bucket"}`` in a thread while rank 0 broadcasts the bucket as one uint8 tensor
+  (SGLang's ``FlattenedTensorBucket`` layout). An engine that answers before the broadcast
+  completes has refused and will never join it: the push ends at once, and at
+  ``push_timeout_s`` at the latest.
+- ``tensor`` (SGLang colocated on the same GPUs): in a session too, per bucket, CUDA IPC
+  handles serialised with SGLang's ``MultiprocessingSerializer`` after its
+  ``monkey_patch_torch_reductions`` (device UUIDs) in ``POST /update_weights_from_tensor``,
+  one payload per engine TP rank from the trainer rank on that GPU (ipc.py).
 
 With ``pause_mode`` set (the async schedule: generation is in flight), rank 0 pauses the
 engines (``/pause_generation``) only around the engine-side update (the disk export happens
 before, while they keep generating) and continues them after (``/continue_generation``);
 ``stats["paused_s"]`` reports how long. Paused ``in_place``, running requests keep their KV
-cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then).
+cache, so the updates carry ``flush_cache: false`` (SGLang refuses to flush then). Every
+engine a pause or a session was opened on is continued / closed whatever fails, and a
+refusal anywhere is one ``WeightPushError`` naming the engine, the route and SGLang's
+message (``sglang_state.py`` models what SGLang refuses).
 
 Every path sends the weights in the engine's dtype (``PushWeights.dtype``; '' = what the
 engine serves, see ``stream.engine_dtype``), one bucket of full tensors at a time, each cast
@@ -70,12 +79,45 @@ class WeightPushError(SpadeError):
     """An engine refused the weights or reports another version than the trainer's."""
 
 
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json() if resp.content else {}
+    except ValueError:
+        return resp.text[:300] or f"HTTP {resp.status_code}"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if body.get("message"):
+            return str(body["message"])
+    return resp.text[:300] or f"HTTP {resp.status_code}"
+
+
 def _check(url: str, resp: httpx.Response) -> dict:
-    body = resp.json() if resp.content else {}
+    """SGLang's answer, or one WeightPushError naming the engine, the route and its message
+    (SGLang answers a refused update with HTTP 400 and ``{"success": false, "message"}``)."""
+    try:
+        body = resp.json() if resp.content else {}
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
     if resp.status_code != 200 or not body.get("success", True):
-        msg = body.get("message") or body.get("error") or resp.text
-        raise WeightPushError(f"engine {url} refused the weight update ({resp.status_code}): {msg}")
+        req = resp.request
+        raise WeightPushError(
+            f"engine {url} refused {req.method} {req.url.path} (HTTP {resp.status_code}): "
+            f"{_message(resp)}"
+        )
     return body
+
+
+def _post(client: httpx.Client, url: str, route: str, body: dict) -> dict:
+    try:
+        resp = client.post(f"{url}{route}", json=body)
+    except httpx.HTTPError as exc:
+        raise WeightPushError(
+            f"engine {url}: POST {route} failed ({type(exc).__name__}: {exc})"
+        ) from None
+    return _check(url, resp)
 
 
 def _verify(client: httpx.Client, url: str, version: int) -> str:
@@ -88,22 +130,74 @@ def _verify(client: httpx.Client, url: str, version: int) -> str:
 
 
 @contextlib.contextmanager
-def _paused(client: httpx.Client, urls: list[str], mode: str, stats: dict | None):
-    """Pause generation on every engine for the body (no-op when ``mode`` is empty)."""
-    if not mode:
-        yield
-        return
-    t0 = time.perf_counter()
-    for url in urls:
-        _check(url, client.post(f"{url}/pause_generation", json={"mode": mode}))
+def _bracket(opened: list[str], close: Callable[[str], None]):
+    """Run the body, then ``close`` every engine in ``opened`` (filled by the caller as it
+    opens them), all of them whatever fails; close errors are never swallowed: they end the
+    push, joined to the body's error when there is one (one error, every engine named)."""
+    failed: BaseException | None = None
     try:
         yield
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        for url in urls:
-            with contextlib.suppress(httpx.HTTPError):
-                client.post(f"{url}/continue_generation", json={})
+        errors = []
+        for url in opened:
+            try:
+                close(url)
+            except WeightPushError as exc:
+                errors.append(str(exc))
+        if errors:
+            first = f"{failed}; then " if failed is not None and str(failed) else ""
+            raise WeightPushError(first + "; ".join(errors)) from failed
+
+
+@contextlib.contextmanager
+def _paused(client: httpx.Client | None, urls: list[str], mode: str, stats: dict | None):
+    """Pause generation on every engine for the body (no-op when ``mode`` is empty or on
+    ranks without a client). Every engine a pause was sent to is continued, whatever fails
+    (a refused pause on engine k still continues engines 0..k)."""
+    if not mode or client is None:
+        yield
+        return
+    t0, sent = time.perf_counter(), []
+    try:
+        with _bracket(sent, lambda url: _post(client, url, "/continue_generation", {})):
+            for url in urls:
+                sent.append(url)  # before: a pause that failed in flight may still have landed
+                _post(client, url, "/pause_generation", {"mode": mode})
+            yield
+    finally:
         if stats is not None:
             stats["paused_s"] = stats.get("paused_s", 0.0) + time.perf_counter() - t0
+
+
+def _begin(client: httpx.Client, url: str) -> None:
+    """``/begin_weight_update``. A trainer killed mid-push leaves its session open (SGLang
+    then refuses a second begin): that one is closed first, then a new one opened."""
+    try:
+        _post(client, url, "/begin_weight_update", {})
+    except WeightPushError as exc:
+        if "already open" not in str(exc):
+            raise
+        _post(client, url, "/end_weight_update", {})
+        _post(client, url, "/begin_weight_update", {})
+
+
+@contextlib.contextmanager
+def _session(client: httpx.Client | None, urls: list[str]):
+    """SGLang's weight-update session on every engine around the body:
+    ``update_weights_from_distributed``/``_tensor`` are refused outside one
+    (``sglang_state.SESSION_ROUTES``). Every opened session is closed, whatever fails."""
+    if client is None:
+        yield
+        return
+    opened: list[str] = []
+    with _bracket(opened, lambda url: _post(client, url, "/end_weight_update", {})):
+        for url in urls:
+            _begin(client, url)
+            opened.append(url)
+        yield
 
 
 def _shm_root(shm_dir: str) -> Path:
@@ -135,9 +229,9 @@ def push_disk(
         body = {"model_path": str(target), "weight_version": str(trainer.version)}
         if pause_mode == "in_place":
             body["flush_cache"] = False
-        with _paused(client, engines, pause_mode, stats):
-            for url in engines:
-                _check(url, client.post(f"{url}/update_weights_from_disk", json=body))
+        with _paused(client, engines, pause_mode, stats):  # no session: SGLang's disk
+            for url in engines:  # update needs none (sglang_state.SESSION_ROUTES)
+                _post(client, url, "/update_weights_from_disk", body)
         for url in engines:
             out[url] = _verify(client, url, trainer.version)
     for old in root.iterdir():  # every engine has loaded the new one: drop older exports
@@ -192,30 +286,97 @@ def push_distributed(
             check=_check,
         )
         group, name = wg.group, wg.name
-        bcast = broadcast or (lambda t, g: torch.distributed.broadcast(t, src=0, group=g))
+        bcast = broadcast or _nccl_broadcast
         flush = pause_mode != "in_place"
+        urls = [e["url"] for e in engines]
+        deadline = time.monotonic() + timeout
         # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
-        with _paused(client, [e["url"] for e in engines], pause_mode, stats):
-            for chunk, last in _with_last(chunks):
-                body = {
-                    "names": [n for n, _ in chunk],
-                    "dtypes": [_dtype_name(t) for _, t in chunk],
-                    "shapes": [list(t.shape) for _, t in chunk],
-                    "group_name": name,
-                    "flush_cache": flush and last,
-                    "weight_version": version,
-                }
-                futures = [
-                    pool.submit(
-                        client.post, f"{e['url']}/update_weights_from_distributed", json=body
-                    )
-                    for e in engines
-                ]
-                for _, t in chunk:
-                    bcast(t, group)
-                for e, f in zip(engines, futures, strict=True):
-                    _check(e["url"], f.result())
-        return {e["url"]: _verify(client, e["url"], trainer.version) for e in engines}
+        it = _with_last(chunks)
+        try:
+            with _paused(client, urls, pause_mode, stats), _session(client, urls):
+                for chunk, last in it:
+                    parts = flat_buckets(chunk)
+                    for j, part in enumerate(parts):
+                        names = [n for n, _ in part]
+                        body = {
+                            "names": names,
+                            "dtypes": [_dtype_name(t) for _, t in part],
+                            "shapes": [list(t.shape) for _, t in part],
+                            "group_name": name,
+                            "flush_cache": flush and last and j == len(parts) - 1,
+                            "weight_version": version,
+                            "load_format": "flattened_bucket",
+                        }
+                        route = "/update_weights_from_distributed"
+                        futures = [pool.submit(client.post, f"{u}{route}", json=body) for u in urls]
+                        flat = flatten(part)  # SGLang's FlattenedTensorBucket layout
+                        _broadcast_watching(bcast(flat, group), futures, urls, deadline, names)
+                        for u, f in zip(urls, futures, strict=True):
+                            _check(u, _result(f, u, route, deadline))
+        except BaseException:
+            wg.epoch = -2  # a broken bucket may leave the group mid-collective: a new one
+            for _ in it:  # the other ranks' all-gathers still need this rank
+                pass
+            raise
+        return {u: _verify(client, u, trainer.version) for u in urls}
+
+
+def flat_buckets(chunk: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+    """``chunk`` cut where a tensor would start at a byte offset its dtype cannot view:
+    SGLang's ``FlattenedTensorBucket.empty`` (weight_sync/tensor_bucket.py) refuses an
+    unaligned one. One dtype (the usual case) is one part."""
+    parts: list[list[tuple[str, torch.Tensor]]] = [[]]
+    offset = 0
+    for name, t in chunk:
+        if offset % t.element_size():
+            parts.append([])
+            offset = 0
+        parts[-1].append((name, t))
+        offset += t.numel() * t.element_size()
+    return [p for p in parts if p]
+
+
+def flatten(part: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """One uint8 tensor: each tensor's bytes in order, as ``FlattenedTensorBucket``
+    (weight_sync/tensor_bucket.py) builds it and ``FlattenedTensorBucket.empty`` receives
+    it (``names``/``dtypes``/``shapes`` give the receiver its metadata)."""
+    return torch.cat([t.contiguous().flatten().view(torch.uint8) for _, t in part])
+
+
+def _nccl_broadcast(t: torch.Tensor, group):
+    return torch.distributed.broadcast(t, src=0, group=group, async_op=True)
+
+
+def _broadcast_watching(work, futures, urls, deadline: float, names: list[str]) -> None:
+    """Wait for the bucket's broadcast, watching the engines' answers: an engine that
+    answers before joining it (a refusal) never will, so its answer ends the wait at once;
+    past ``deadline`` (push_timeout_s) the push fails instead of hanging."""
+    if work is None:  # a synchronous broadcast (tests): done
+        return
+    while not work.is_completed():
+        for u, f in zip(urls, futures, strict=True):
+            if f.done():
+                resp = f.result()
+                _check(u, resp)  # a refusal raises; a success comes after the broadcast
+        if time.monotonic() > deadline:
+            raise WeightPushError(
+                f"NCCL broadcast of {len(names)} tensors ({names[0]}, ...) not received by "
+                f"{', '.join(urls)} within push_timeout_s"
+            )
+        time.sleep(0.002)
+
+
+def _result(future, url: str, route: str, deadline: float) -> httpx.Response:
+    try:
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
+    except concurrent.futures.TimeoutError:
+        raise WeightPushError(
+            f"engine {url}: POST {route} unanswered within push_timeout_s"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise WeightPushError(
+            f"engine {url}: POST {route} failed ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _with_last(items):

@@ -234,3 +234,93 @@ def reply_problem(src: SGLangSource, ep: routes.Endpoint, struct: str, field: st
 
 def flag_problem(src: SGLangSource, flag: str) -> str | None:
     return None if flag in src.flags() else f"sglang.launch_server has no flag {flag}"
+
+
+# ---- types and required fields ---------------------------------------------------------------
+def our_tree(t) -> tuple:
+    """A msgspec field type as ``sglang_source.type_tree`` writes SGLang's."""
+    return _info_tree(msgspec.inspect.type_info(t))
+
+
+def _info_tree(info) -> tuple:
+    mi = msgspec.inspect
+    simple = {mi.StrType: "str", mi.IntType: "int", mi.FloatType: "float", mi.BoolType: "bool",
+              mi.NoneType: "none", mi.AnyType: "any", mi.BytesType: "bytes"}  # fmt: skip
+    for cls, name in simple.items():
+        if isinstance(info, cls):
+            return (name,)
+    if isinstance(info, mi.LiteralType):
+        return ("literal", tuple(info.values))
+    if isinstance(info, mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType):
+        return ("list", _info_tree(info.item_type))
+    if isinstance(info, mi.UnionType):
+        return ("union", tuple(_info_tree(t) for t in info.types))
+    if isinstance(info, mi.StructType | mi.DictType | mi.TypedDictType):
+        return ("dict",)
+    return ("any",)
+
+
+def accepts(theirs: tuple, ours: tuple) -> bool:
+    """Every JSON value of type ``ours`` is one of type ``theirs``."""
+    if theirs[0] == "any":
+        return True
+    if ours[0] == "union":
+        return all(accepts(theirs, o) for o in ours[1])
+    if theirs[0] == "union":
+        return any(accepts(t, ours) for t in theirs[1])
+    if theirs[0] == "literal":
+        return ours[0] == "literal" and set(ours[1]) <= set(theirs[1])
+    if ours[0] == "literal":
+        return all(value_problem(theirs, v) is None for v in ours[1])
+    if theirs[0] == "list":
+        return ours[0] == "list" and accepts(theirs[1], ours[1])
+    if theirs == ("float",):
+        return ours in (("float",), ("int",))
+    return theirs == ours
+
+
+def value_problem(tree: tuple, value) -> str | None:
+    """None if the JSON ``value`` has type ``tree``, else why not."""
+    kind = tree[0]
+    ok = {
+        "any": lambda v: True,
+        "none": lambda v: v is None,
+        "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "dict": lambda v: isinstance(v, dict),
+    }
+    if kind in ok:
+        return None if ok[kind](value) else f"{value!r} is not {kind}"
+    if kind == "literal":
+        return None if value in tree[1] else f"{value!r} is not one of {list(tree[1])}"
+    if kind == "union":
+        found = [value_problem(t, value) for t in tree[1]]
+        return None if None in found else " and ".join(p for p in found if p)
+    if kind == "list":
+        if not isinstance(value, list):
+            return f"{value!r} is not a list"
+        return next((p for p in (value_problem(tree[1], v) for v in value) if p), None)
+    return None
+
+
+def body_problems(src: SGLangSource, path: str, body: dict) -> list[str]:
+    """What SGLang's request class for ``path`` would reject in this JSON body: unknown
+    keys, missing required fields, values of the wrong type (its HTTP layer validates the
+    body into the class before any handler runs)."""
+    ep = next((e for e in routes.ENDPOINTS if e.path == path), None)
+    if src.routes()[path].request is None and (ep is None or ep.sglang_request is None):
+        return [f"{path}: SGLang's handler takes no body, got {sorted(body)}"] if body else []
+    cls = request_class(src, ep if ep is not None else path)
+    schema = src.schema(cls)
+    out = [f"{path}: SGLang's {cls} has no field '{k}'" for k in body if k not in schema]
+    out += [
+        f"{path}: SGLang's {cls} requires '{k}'"
+        for k, (_, required) in schema.items()
+        if required and k not in body
+    ]
+    for k, v in body.items():
+        if k in schema and (p := value_problem(schema[k][0], v)) is not None:
+            out.append(f"{path}: {cls}.{k}: {p}")
+    return out

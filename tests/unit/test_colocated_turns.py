@@ -56,6 +56,14 @@ def test_train_and_push_releases_and_resumes_around_the_step(tiny_model):
                 return trainer.seen, rt.state.version, after
 
         seen, version, after = anyio.run(main)
-    assert seen == [("train", {"weights", "kv_cache"}), ("push", {"kv_cache"})]
+    assert seen == [("train", {"weights", "kv_cache", "cuda_graph"}),
+                    ("push", {"kv_cache", "cuda_graph"})]
     assert version == 1 and after.weight_version == "1"
     assert not app.engine.released  # everything resumed: the engine serves again
+    # SGLang's offload-set bookkeeping accepted every call (a resume of all tags after the
+    # weights' resume would have died with KeyError, and the engine with it)
+    assert not app.sgl.refused() and not app.sgl.dead and not app.sgl.offload_tags
+    assert [c.path for c in app.sgl.calls] == [
+        "/release_memory_occupation", "/resume_memory_occupation",
+        "/update_weights_from_disk", "/resume_memory_occupation",
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import httpx
 import pytest
@@ -263,7 +265,9 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
                         await anyio.sleep(0.01)
                 await client.pause(mode="in_place")
                 with anyio.fail_after(60):
-                    versions = await client.update_weights_from_disk(str(other), weight_version="pushed")
+                    versions = await client.update_weights_from_disk(
+                        str(other), weight_version="pushed", flush_cache=False
+                    )  # SGLang refuses the flush with requests in the running batch
                 await client.resume()
             await client.update_weights_from_disk(str(tiny_model), weight_version="0")
             return done[0], versions
@@ -275,7 +279,8 @@ def test_weight_update_while_paused_in_place(url, engine_app, tmp_path, tiny_mod
 
 
 def test_release_and_resume_memory_around_a_weight_update(url, engine_app, tiny_model):
-    """The colocated sequence: release all -> (train) -> resume weights -> push -> resume."""
+    """The colocated sequence: release all -> (train) -> resume weights -> push -> resume
+    the rest, each resume naming its tags (SGLang's offload-set bookkeeping)."""
     sp = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
     engine = engine_app.engine
 
@@ -286,35 +291,81 @@ def test_release_and_resume_memory_around_a_weight_update(url, engine_app, tiny_
             freed = sum(p.numel() for p in engine.model.parameters())
             with pytest.raises(EngineRequestError, match="resume_memory_occupation"):
                 await client.generate(PROMPTS[0], sp)
-            with pytest.raises(EngineError, match="not among"):
-                await client.release_memory(["gpu"])
             await client.resume_memory(["weights"])
             shapes_back = all(p.numel() > 0 for p in engine.model.parameters())
             await client.update_weights_from_disk(str(tiny_model))
-            half = set(engine.released)
-            await client.resume_memory()
+            half = set(engine.released), set(engine_app.sgl.offload_tags)
+            await client.resume_memory(["kv_cache", "cuda_graph"])
             after = await client.generate(PROMPTS[0], sp)
             return before, freed, shapes_back, half, after
 
     before, freed, shapes_back, half, after = _run(main)
     assert freed == 0 and shapes_back
-    assert half == {"kv_cache"} and not engine.released
+    assert half == ({"kv_cache", "cuda_graph"},) * 2 and not engine.released
     assert after.output_ids == before.output_ids  # the pushed weights serve again
 
 
-def test_release_memory_refuses_a_busy_engine(url, engine_app):
-    async def main():
-        async with GenerationClient([url], ClientConfig(max_retries=0)) as client:
-            await client.pause(mode="in_place")
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(client.generate, PROMPTS[2], SamplingParams(max_new_tokens=2))
-                await anyio.sleep(0.3)
-                with pytest.raises(EngineError, match="idle engine"):
-                    await client.release_memory(["kv_cache"])
-                await client.resume()
-            return set(engine_app.engine.released)
+@pytest.mark.parametrize(
+    "planted",
+    [
+        pytest.param(
+            [("release", None), ("resume", ["weights"]), ("resume", None)],
+            id="resume-all-after-weights",
+        ),
+        pytest.param(
+            [("release", ["kv_cache"]), ("resume", ["kv_cache"]), ("resume", ["kv_cache"])],
+            id="double-resume",
+        ),
+        pytest.param([("resume", ["gpu"])], id="unknown-tag-never-released"),
+    ],
+)
+def test_illegal_resume_kills_the_engine_as_it_kills_sglang(tiny_model, planted):
+    """SGLang's resume_memory_occupation removes each tag from its offload set and raises
+    KeyError (its scheduler dies) for one that is not there; the CPU engine dies with it:
+    every later call fails, /health answers 503."""
+    app = make_engine_app(str(tiny_model), context_length=32)
+    with serve_in_thread(app) as base:
 
-    assert _run(main) == set()
+        async def main():
+            async with GenerationClient([base], ClientConfig(max_retries=0)) as client:
+                *legal, (_, bad) = planted
+                for what, tags in legal:
+                    await getattr(client, f"{what}_memory")(tags)
+                with pytest.raises(EngineError, match="KeyError"):
+                    await client.resume_memory(bad)
+                with pytest.raises(EngineError, match="server died"):
+                    await client.generate([1, 2], SamplingParams(max_new_tokens=1))
+                return await client.check_health()
+
+        assert _run(main) == {base: False}
+    assert app.sgl.dead and app.sgl.calls[-1].ok is False
+
+
+def test_release_memory_on_a_busy_engine_kills_it_as_sglang(tiny_model):
+    """SGLang asserts an idle server in release_memory_occupation (its scheduler dies): a
+    request decoding when an in_place pause came stays in the running batch."""
+    app = make_engine_app(str(tiny_model), context_length=96)
+    with serve_in_thread(app) as base:
+
+        async def main():
+            async with GenerationClient([base], ClientConfig(max_retries=0)) as client:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_quiet_generate, client)
+                    with anyio.fail_after(30):
+                        while not (app.engine.active and app.engine.active[0].output_ids):
+                            await anyio.sleep(0.01)
+                    await client.pause(mode="in_place")
+                    with pytest.raises(EngineError, match="idle"):
+                        await client.release_memory(["kv_cache"])
+                    tg.cancel_scope.cancel()
+
+        _run(main)
+    assert "release_memory_occupation" in app.sgl.dead
+
+
+async def _quiet_generate(client):
+    with contextlib.suppress(EngineError):
+        await client.generate(PROMPTS[2], SamplingParams(max_new_tokens=80, ignore_eos=True))
 
 
 def test_weight_updates_load_into_a_spare_model(url, engine_app, tmp_path, tiny_model):

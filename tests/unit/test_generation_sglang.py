@@ -80,7 +80,8 @@ def test_build_command_matches_launch_server_flags():
     assert flags == {"--model-path": "/ckpt/hf", "--host": "127.0.0.1", "--port": "30010",
                      "--tp-size": "2", "--mem-fraction-static": "0.7", "--base-gpu-id": "0",
                      "--weight-version": "0", "--context-length": "16384"}
-    assert env == {"CUDA_VISIBLE_DEVICES": "4,5", "SGLANG_RETURN_ORIGINAL_LOGPROB": "0"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "4,5", "SGLANG_RETURN_ORIGINAL_LOGPROB": "0",
+                   "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
     with pytest.raises(ConfigError, match=r"tp_size=2 but gpu_ids=\[4\]"):
         build_command(SGLangConfig(model_path="m", gpu_ids=[4], tp_size=2))
 
@@ -194,7 +195,7 @@ def test_real_sglang_contract_paths(tiny_model):
             await client.release_memory()
             await client.resume_memory(["weights"])
             await client.update_weights_from_disk(str(tiny_model), weight_version="2")
-            await client.resume_memory(["kv_cache"])
+            await client.resume_memory(["kv_cache", "cuda_graph"])  # what release() took
             d = await client.generate(ids, sp)
             assert d.weight_version == "2" and d.output_ids == a.output_ids
 

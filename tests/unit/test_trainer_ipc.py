@@ -5,13 +5,13 @@ serializer is a fake (SGLang's MultiprocessingSerializer needs CUDA tensors)."""
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import types
 
 import httpx
 import pytest
 import torch
+from sglang_fake import ModelledSGLang
 
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.ipc import push_tensor, tp_assignment
@@ -89,19 +89,19 @@ def _run_two_ranks(base, engines, handler, monkeypatch):
 
 
 def test_each_tp_rank_gets_its_own_payload_from_its_gpu(base, monkeypatch):
-    posted = []
+    fakes = {"c": ModelledSGLang(), "d": ModelledSGLang()}  # SGLang's state machine
 
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/model_info":
-            return httpx.Response(200, json={"weight_version": "9"})
-        posted.append((request.url.host, json.loads(request.content)))
-        return httpx.Response(200, json={"success": True})
+        return fakes[request.url.host](request)
 
     engines = [{"url": "http://c", "tp_size": 2, "gpus": [5, 4]},
                {"url": "http://d", "tp_size": 1, "gpus": [6]}]
     results, errors = _run_two_ranks(base, engines, handler, monkeypatch)
     assert errors == [None, None]
     assert results == [{"http://c": "9", "http://d": "9"}, {}]
+    assert not fakes["c"].refused() and not fakes["d"].refused()
+    posted = [(h, b) for h, f in fakes.items() for p, b in f.requests
+              if p == "/update_weights_from_tensor"]  # fmt: skip
     c = [b["serialized_named_tensors"] for host, b in posted if host == "c"]
     d = [b["serialized_named_tensors"] for host, b in posted if host == "d"]
     assert len(c) == len(d) >= 2  # several buckets

@@ -107,3 +107,36 @@ def test_versions_account_for_a_dead_trainer(tmp_path, monkeypatch, where):
         assert c["trainer/restarts"] == 1 and c["train/lost_batches"] == 1
         assert c.get("trainer/lost_versions", 0) == 1  # step 3's version, after checkpoint 2
         assert "restarted from checkpoint step 2" in rt.events[-1]
+
+
+def test_a_refused_push_loses_the_batch_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An engine refused the push (trainer-side WeightPushError, PushRefused here): one
+    event naming engine, route and message; the batch counts as lost; the engines keep
+    their version, and the next push (all weights) brings them to the trainer's."""
+    from spade_async.trainer.client import _ERRORS, PushRefused
+    from spade_async.trainer.weights import WeightPushError
+
+    assert _ERRORS[WeightPushError.__name__] is PushRefused  # the RPC error kind's class
+    rt = _runtime(tmp_path, {}, monkeypatch)
+    refusals = ["engine http://a refused POST /update_weights_from_distributed (HTTP 400): x"]
+    good_push = rt.push
+
+    async def push(*, pause):
+        if refusals:
+            raise PushRefused(refusals.pop())
+        return await good_push(pause=pause)
+
+    rt.push = push
+    sample = SimpleNamespace(token_ids=[1, 2, 3])
+
+    async def main():
+        first = await train_and_push(rt, [sample], pause=False)
+        second = await train_and_push(rt, [sample], pause=False)
+        return first, second
+
+    first, second = anyio.run(main)
+    assert "push_s" not in first and "push_s" in second
+    assert rt.meters.counters["train/lost_batches"] == 1
+    assert rt.meters.counters["push/refused"] == 1
+    assert any("/update_weights_from_distributed" in e and "refused" in e for e in rt.events)
+    assert rt.state.version == rt.trainer.version == 2
