@@ -236,6 +236,8 @@ class EnvPool:
             ws.remove(w)
             if not ws:
                 del self._by_env[w.env_id]
+        if not ws:
+            self._forget(w.env_id)
         await w.kill(f"environment {w.env_id} evicted")
         self.counters["killed"] += 1
         self._want_spawn.set()
@@ -330,11 +332,19 @@ class EnvPool:
                     f"no worker slot within {self.config.capacity_wait_s:g} s (max_workers={self.config.max_workers})",
                 ) from None
 
+    def _forget(self, env_id: str) -> None:
+        """Drop what the pool keeps per environment once it has no worker (a long run
+        validates thousands of environments under fresh ids)."""
+        self._classes.pop(env_id, None)
+        self._step_ms.pop(env_id, None)
+        lock = self._env_locks.get(env_id)
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            del self._env_locks[env_id]
+
     async def release(self, env_id: str) -> None:
         """Kill the workers of ``env_id`` (its instances become lost)."""
         ws = self._by_env.pop(env_id, [])
-        self._classes.pop(env_id, None)
-        self._step_ms.pop(env_id, None)
+        self._forget(env_id)
         for w in ws:
             await w.kill(f"environment {env_id} released")
             self.counters["killed"] += 1

@@ -6,7 +6,8 @@ Strongest available first:
               filesystem is an empty root with only /usr (and its /lib, /bin links), the
               Python installation (``sys.base_prefix``) and the worker's own files at
               /opt/spade bound read-only (with the pool's ``packages``, if any, at
-              /opt/spade/site), a private size-capped tmpfs /tmp, /proc and /dev;
+              /opt/spade/site), a private size-capped tmpfs /tmp, /proc (with
+              /proc/keys and /proc/key-users masked) and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
               Everything writable is size-capped: the root and /dev are remounted
               read-only, /tmp (``tmp_mb``) and /dev/shm (``shm_mb``) are capped tmpfs, and
@@ -53,6 +54,9 @@ HERE = Path(__file__).resolve().parent
 WORKER_FILES = ("worker.py", "protocol.py", "seccomp.py", "tool_use.py")
 LEVELS = ("bwrap", "unshare", "rlimit")
 OPT = "/opt/spade"
+# the host's keys (descriptions of every key whose owner maps into the sandbox) and
+# per-user key counts: masked, as container runtimes mask them
+PROC_MASKED = ("keys", "key-users")
 PYTHON = f"{OPT}/python"  # inside bubblewrap: a symlink to the base interpreter
 
 
@@ -102,6 +106,9 @@ def _bwrap_options(tmp_mb: int, shm_mb: int = 1, packages: list | tuple = ()) ->
         args += ["--ro-bind", base, base]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
     args += ["--size", str(shm_mb << 20), "--tmpfs", "/dev/shm"]
+    for name in PROC_MASKED:  # kernel state of the host that /proc would still show
+        if Path("/proc", name).exists():
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     for name in WORKER_FILES:
         if (HERE / name).exists():
             args += ["--ro-bind", str(HERE / name), f"{OPT}/{name}"]
