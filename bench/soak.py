@@ -262,8 +262,9 @@ class Soak:
         while (left := sandbox.find_pids(tag)) and time.monotonic() < left_deadline:
             await anyio.sleep(0.1)
         made = tasks.cgroups()
-        if made is not None:
-            made.sweep()
+        while made is not None and made.leftover() and time.monotonic() < left_deadline + 5:
+            made.sweep()  # a leaf whose last task was still exiting when its worker was killed
+            await anyio.sleep(0.1)
         end = {
             "processes_left": len(left),
             "cgroups_left": len(made.leftover()) if made is not None else 0,

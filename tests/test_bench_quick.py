@@ -27,6 +27,7 @@ def test_every_bench_script_is_listed():
         "memory",
         "pipeline",
         "router",
+        "soak",
         "trainer",
     }
 

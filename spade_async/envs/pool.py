@@ -226,7 +226,10 @@ class EnvPool:
     # --- worker assignment -----------------------------------------------------------
     def _spare(self) -> WorkerProcess | None:
         """The least recently used environment worker without open instances, if any."""
-        spare = [w for w in self._env_workers() if not w.instances and not w.lock.locked()]
+        spare = [
+            w for w in self._env_workers()
+            if not w.instances and not w.opening and not w.lock.locked()
+        ]  # fmt: skip
         return min(spare, key=lambda w: w.last_used) if spare else None
 
     async def _evict(self, w: WorkerProcess) -> None:

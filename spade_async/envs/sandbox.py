@@ -20,9 +20,11 @@ Strongest available first:
 - ``rlimit``  only resource limits and the syscall filter; logged as a loud warning.
 
 All levels add, inside the worker before any environment code runs: rlimits (address
-space, CPU seconds, file size, open files, processes, no core dumps), a seccomp filter
-that forbids creating processes, signalling others, mounting, memfds and SysV shared
-memory (``seccomp.py``), so a worker's whole memory is at most ``memory_mb`` (address
+space, CPU seconds, file size, open files, processes, no core dumps), an empty session
+keyring of its own, a seccomp filter that forbids creating processes, signalling others,
+mounting, memfds, SysV shared memory, the key syscalls, io_uring and userfaultfd
+(``seccomp.py``), and a task limit that binds for root (``tasks.py``: a pids cgroup per
+worker, which a tiny shell joins before it execs the sandbox); so a worker's whole memory is at most ``memory_mb`` (address
 space) + ``tmp_mb`` + ``shm_mb`` (its tmpfs, freed with its mount namespace) at the
 ``bwrap`` and ``unshare`` levels; a scrubbed
 environment, ``python -I``, stdout/stderr into a capped in-memory sink, and a new session

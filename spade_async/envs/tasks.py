@@ -105,10 +105,22 @@ def _rmdir(path: Path, wait: float) -> bool:
             time.sleep(0.005)
 
 
+def _sweep_stale(parent: Path) -> None:
+    """Remove the empty cgroups of earlier processes that died without their atexit."""
+    for base in parent.glob("spade-*-*"):
+        pid = base.name.split("-")[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for leaf in (p for p in base.iterdir() if p.is_dir()):
+            _rmdir(leaf, wait=0.0)
+        _rmdir(base, wait=0.0)
+
+
 class Cgroups:
     """Per-worker pids cgroups under one directory of this process (``spade-PID-RAND``)."""
 
     def __init__(self, parent: Path) -> None:
+        _sweep_stale(parent)
         self.base = parent / f"spade-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.base.mkdir(exist_ok=True)
         if (self.base / "cgroup.subtree_control").exists():  # v2: let the leaves count pids
