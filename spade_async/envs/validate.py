@@ -56,6 +56,10 @@ __all__ = [
     "validate_source",
     "check_file",
     "solution_actions",
+    "garbage_plays",
+    "random_text",
+    "legal_looking",
+    "tool_garbage",
     "STAGES",
 ]
 
