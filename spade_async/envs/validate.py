@@ -13,8 +13,8 @@ and replayed garbage plays between A, a second instance A2 inside A's worker, an
 environment salted per process, or per instance, differs); only then does A run
 ``solution()``, and its actions are replayed for feasibility in B, which never ran
 ``solution()`` (a ``solution()`` with side effects cannot make its own replay win), and
-then once more in A: a divergence means nondeterminism or a ``solution()`` that changed the
-game. The reported class is the one the static stage found, loaded by that name; every
+then once more in A2: a divergence means nondeterminism, an instance that plays another
+game for the same seed, or a ``solution()`` that changed its worker's game. The reported class is the one the static stage found, loaded by that name; every
 value came through the parent's checks (replies.py).
 
 What an environment cannot recognise: the garbage is drawn at random per check
@@ -305,12 +305,12 @@ class _Gates:
         plays = {s: garbage_plays(self.rng, first[s], tools, self.cfg) for s in self.seeds}
         traces = {s: [await self.episode(a, s, p) for p in plays[s]] for s in self.seeds}
         self.stage = "determinism"
-        await self.deterministic(a, b, plays, traces)
+        a2 = await self.deterministic(a, b, plays, traces)
         self.stage = "not_done_at_reset"
         self.not_won(plays, traces)
         self.multi_turn = any(len(t) > 1 and not t[1][2] for ts in traces.values() for t in ts)
         self.stage = "feasibility"
-        await self.feasible(a, b)
+        await self.feasible(a, b, a2)
         if self.cfg.require_multi_turn and not self.multi_turn:
             raise _Reject("multi_turn", "the episode is solved in one action; it needs several")
 
@@ -324,8 +324,9 @@ class _Gates:
                 return []
             raise self._classify(exc) from None
 
-    async def deterministic(self, a: Instance, b: Instance, plays: dict, traces: dict) -> None:
-        """The garbage plays again in a second instance inside A's worker and in B."""
+    async def deterministic(self, a: Instance, b: Instance, plays: dict, traces: dict) -> Instance:
+        """The garbage plays again in a second instance A2 inside A's worker and in B.
+        Returns A2 (feasibility replays the solution there too)."""
         a2 = await self.call(
             self.pool.open(self.source, env_id=self.env_ids[0], env_class=self.env_class, beside=a)
         )
@@ -337,7 +338,7 @@ class _Gates:
                     seed, ta, await self.episode(a2, seed, play), "", "instances in one worker"
                 )
                 self.same(seed, ta, await self.episode(b, seed, play), "")
-        await self.pool.close(a2)
+        return a2
 
     def not_won(self, plays: dict, traces: dict) -> None:
         thr = self.cfg.success_threshold
@@ -379,7 +380,7 @@ class _Gates:
         c = await self.call(self.pool.open(self.source, env_id=env_id, env_class=self.env_class))
         self.same(seed, await self.episode(c, seed, actions), trace, " of solution()")
 
-    async def feasible(self, a: Instance, b: Instance) -> None:
+    async def feasible(self, a: Instance, b: Instance, a2: Instance) -> None:
         plans: dict[int, list[str]] = {}
         for seed in self.seeds:  # solution() runs in A only
             await self.call(self.pool.reset(a, seed))
@@ -406,8 +407,13 @@ class _Gates:
                     "failed",
                 )
             steps_needed.append(len(trace) - 1)
-            # the same replay in A (which ran solution()) must be the same game
-            self.same(seed, await self.episode(a, seed, actions), trace, " of solution()")
+            # the same replay in A2, a second instance in the worker where solution() ran,
+            # must be the same game: a solution() that changed the worker's state, or an
+            # instance that plays another game for the same seed, diverges here
+            self.same(
+                seed, await self.episode(a2, seed, actions), trace, " of solution()",
+                "instances in one worker",
+            )  # fmt: skip
         self.feasibility = "proven"
         self.multi_turn = max(steps_needed) >= 2  # some seed needs several actions
 
