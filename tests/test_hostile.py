@@ -123,7 +123,7 @@ REASONS = {
     "salted_at_import.py": "two worker processes",
     "forged_names.py": "bad action",
     "shm_hoarder.py": "hoarding refused",
-    "thread_flood.py": "can't start new thread",
+    "thread_flood.py": "task limit: 64 tasks per worker",
     "garbage_wins_later.py": "at turn 3",
     "probe_aware.py": "garbage wins",
     "tool_any_answer.py": "<answer>",

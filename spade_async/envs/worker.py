@@ -249,7 +249,13 @@ class Worker:
             except SystemExit as exc:
                 reply = P.Err("crash", f"environment called sys.exit({exc.code!r})")
             except BaseException as exc:  # noqa: BLE001 - environment failures are data
-                reply = P.Err("exception", describe(exc))
+                text = describe(exc)
+                if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+                    text = f"{text} [task limit: {self.limits['nproc']} tasks per worker" + (
+                        "; no threads: root without a pids cgroup]"
+                        if not self.limits.get("threads", True) else "]"
+                    )  # fmt: skip
+                reply = P.Err("exception", text)
             try:
                 self.send(reply, seq)
             except MemoryError:
