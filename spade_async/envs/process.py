@@ -88,7 +88,10 @@ class WorkerProcess:
         # the task limit that binds (tasks.py): without a cgroup, root gets no threads at all
         limits = {**self.limits, "tag": self.tag, "threads": mode != "no-threads"}
         if made is not None:
-            self.cgroup = made.create(self.tag, self.limits["nproc"])
+            try:
+                self.cgroup = made.create(self.tag, self.limits["nproc"])
+            except OSError as exc:  # never a worker without the limit the pool reports
+                raise EnvError("boot", f"cannot make the worker's pids cgroup: {exc}") from None
         # Spawned on the event-loop thread on purpose (a few ms): bwrap's --die-with-parent
         # is PR_SET_PDEATHSIG, which fires when the *thread* that forked exits, so a
         # short-lived to_thread worker would take the sandbox down with it.
