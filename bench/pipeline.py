@@ -118,7 +118,9 @@ class ManyWordsEnv:
 STEP_HEAD = "    def step(self, action):\n"
 # three_stage: every env step first sleeps this long (s), a latency-bound environment (a tool
 # call, a remote check): env execution becomes a third busy stage without taking a core
-# from the engine or the trainer on this 2-core machine. 4 workers, 64 steps per sync step.
+# from the engine or the trainer on this 2-core machine. 64 steps per sync step; the pool may
+# spread each slow environment over up to envs.workers_per_env (4) workers of its own, so a
+# group's plays sleep side by side instead of one after another behind one worker.
 STEP_SLEEP_S = {"full": 1.0, "quick": 0.25}
 
 
@@ -169,7 +171,7 @@ def overrides(model: Path, pool: Path, quick: bool) -> list[str]:
         "trainer.micro_batch_tokens=4096",
         "telemetry.dashboard='off'",
         "telemetry.episodes_per_step=0",
-        "envs.max_workers=4",
+        "envs.max_workers=16",  # 4 environments x envs.workers_per_env (4)
         "max_concurrent_episodes=32",
         "engine.threads=1",
         "engine.cpus=[0]",

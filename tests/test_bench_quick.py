@@ -28,6 +28,7 @@ def test_every_bench_script_is_listed():
         "pipeline",
         "report",
         "router",
+        "soak",
         "trainer",
     }
 

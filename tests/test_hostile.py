@@ -13,6 +13,8 @@ The programs are deliberately not named test_*.py, so pytest never imports them.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -38,6 +40,7 @@ CORPUS = ROOT / "tests" / "hostile"
 TOKEN = uuid.uuid4().hex[:12]
 COMM = f"spdh{TOKEN[:10]}"  # per run (comm holds 15 chars), so parallel runs do not mix
 SECRET = f"spade-hostile-secret-{TOKEN}"
+KEYDESC = f"spade-hostile-key-{TOKEN}"  # a key with SECRET in this process's session keyring
 
 # program -> the stage the validator must report
 CASES = {
@@ -92,6 +95,15 @@ CASES = {
     "salted_at_import.py": "determinism",  # same seed, two worker processes, two games
     "forged_names.py": "step",  # the class name is the static one; no forged line
     "shm_hoarder.py": "reset",  # every way to park RAM refused or capped
+    # issue 22: kernel state shared with the host, task floods, validation a game can detect
+    "keyring_thief.py": "ok",  # keyctl refused, an empty keyring of its own; see test below
+    "thread_flood.py": "reset",  # a task limit that binds for root (pids cgroup / no threads)
+    "garbage_wins_later.py": "not_done_at_reset",  # garbage is played for several turns
+    "probe_aware.py": "not_done_at_reset",  # the garbage is drawn at random per check
+    "tool_any_answer.py": "not_done_at_reset",  # wrong non-empty answers are tried
+    "validation_aware.py": "ok",  # same Open shape in training; see test below
+    "second_instance_differs.py": "determinism",  # a second instance in the same worker
+    "kernel_surface.py": "reset",  # io_uring, userfaultfd refused; PID 1 names no host path
 }
 # why, for the cases where the reason is not in the name (signal names, errno text)
 REASONS = {
@@ -111,8 +123,14 @@ REASONS = {
     "salted_at_import.py": "two worker processes",
     "forged_names.py": "bad action",
     "shm_hoarder.py": "hoarding refused",
+    "thread_flood.py": "task limit: 64 tasks per worker",
+    "garbage_wins_later.py": "at turn 3",
+    "probe_aware.py": "garbage wins",
+    "tool_any_answer.py": "<answer>",
+    "second_instance_differs.py": "two instances in one worker",
+    "kernel_surface.py": "surface refused",
 }
-LEAKY = ("read_secret_file.py", "leak_environment.py")
+LEAKY = ("read_secret_file.py", "leak_environment.py", "keyring_thief.py")
 # classifications that only hold where the sandbox isolates that resource
 NEEDS = {
     "loopback_connect.py": ("bwrap", "unshare"),
@@ -120,6 +138,7 @@ NEEDS = {
     # at rlimit its own environment holds its private working dir, which differs per worker
     # process: a real cross-process difference, so determinism rejects it there
     "leak_environment.py": ("bwrap", "unshare"),
+    "kernel_surface.py": ("bwrap",),  # elsewhere PID 1 is the host's (or the worker's) own
 }
 # not even run where the sandbox does not contain it (it would park RAM on the host)
 RUN_ONLY = {"shm_hoarder.py": ("bwrap", "unshare")}
@@ -138,6 +157,7 @@ class Traps:
     decoy: subprocess.Popen = field(init=False)
 
     def __post_init__(self) -> None:
+        self.key = _keyctl_add(KEYDESC, SECRET)  # the checker's session keyring holds a secret
         # a host process holding the secret in its environment (/proc/PID/environ shows the
         # environment a process started with, so setting os.environ here would prove nothing)
         self.decoy = subprocess.Popen(
@@ -164,7 +184,7 @@ class Traps:
         reads = [str(p) for p in self.secret_files] + [f"~/{self.secret_files[1].name}"]
         reads += [f"./{self.secret_files[2].name}", f"../{self.secret_files[2].name}"]
         source = source.replace("spdhostile", COMM).replace("__PORT__", str(port))
-        source = source.replace("__PATHS__", json.dumps(reads))
+        source = source.replace("__PATHS__", json.dumps(reads)).replace("__KEYDESC__", KEYDESC)
         return source.replace("__TARGETS__", json.dumps([str(p) for p in self.escape_targets]))
 
     def connections(self) -> int:
@@ -178,6 +198,10 @@ class Traps:
             count += 1
 
     def cleanup(self) -> None:
+        for desc in (KEYDESC, f"{KEYDESC}-planted"):
+            key = _keyctl_search(desc)
+            if key > 0:
+                _libc().syscall(250, 3, key, 0, 0)  # KEYCTL_REVOKE
         self.decoy.kill()
         self.decoy.wait()
         for path in map(Path, host_shm()[1]):  # only where a weak sandbox let one write
@@ -188,6 +212,23 @@ class Traps:
         self.listener.close()
         for path in self.secret_files + self.escape_targets:
             path.unlink(missing_ok=True)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def _keyctl_add(desc: str, payload: str) -> int:
+    """add_key("user", desc, payload) into this process's session keyring (-1: no keys)."""
+    data = payload.encode()
+    return _libc().syscall(248, b"user", desc.encode(), data, len(data), -3)
+
+
+def _keyctl_search(desc: str) -> int:
+    """KEYCTL_SEARCH of this process's session keyring for a user key (-1 when absent)."""
+    return _libc().syscall(250, 10, -3, b"user", desc.encode(), 0)
 
 
 def host_shm() -> tuple[int, list[str], list[str]]:
@@ -223,6 +264,7 @@ class Outcome:
     seconds: float
     shm_before: tuple = ()
     shm_after: tuple = ()
+    keys: list = field(default_factory=list)  # [planted key found on the host, our key's id]
 
 
 def hostile_processes() -> list[str]:
@@ -266,6 +308,14 @@ async def _run_corpus(traps: Traps) -> tuple[dict, dict, Verdict, list[int], lis
             observations[name] = (await pool.reset(inst, 0))[0]
             tagged += hostile_processes()  # proves the leftover scan can see a live one
             await pool.close(inst)
+        # validation_aware.py opened as training opens an environment (roles/agent.py: the
+        # memory's 64-hex env_id, no class name): garbage must not win there either
+        inst = await pool.open(
+            sources["validation_aware.py"], env_id=hashlib.sha256(b"x").hexdigest()
+        )
+        await pool.reset(inst, 0)
+        observations["validation_aware.py@training"] = await pool.step(inst, "hello?")
+        await pool.close(inst)
         good = await validate_source((EXAMPLES / "mastermind.py").read_text(), pool=pool)
         pids = list(pool.stats()["pids"])
     return verdicts, observations, good, pids, tagged
@@ -280,6 +330,7 @@ def outcome(tmp_path_factory) -> Outcome:
     try:
         verdicts, observations, good, pids, tagged = anyio.run(_run_corpus, traps)
         shm_after = host_shm()
+        planted = [_keyctl_search(f"{KEYDESC}-planted"), traps.key]
         connections = traps.connections()
         escaped = [p for p in traps.escape_targets if p.exists()]
         escaped += list(Path("/tmp").glob("fill.bin")) + list(
@@ -293,7 +344,7 @@ def outcome(tmp_path_factory) -> Outcome:
         traps.cleanup()
     return Outcome(
         verdicts, observations, good, connections, escaped, leftover, tagged, pids,
-        time.perf_counter() - t0, shm_before, shm_after,
+        time.perf_counter() - t0, shm_before, shm_after, planted,
     )  # fmt: skip
 
 
@@ -347,6 +398,24 @@ def test_secrets_never_come_back(outcome, name):
         assert SECRET not in json.dumps(own) and "PATH" not in own, own
     _needs(outcome, "bwrap")  # elsewhere the host's files and /proc are visible by design
     assert SECRET not in observation
+
+
+def test_keyring_is_the_workers_own(outcome):
+    """keyring_thief.py searched the session and user keyrings for the checker's secret key
+    and planted one: it got nothing, and the host's session keyring holds no planted key."""
+    planted, ours = outcome.keys
+    if ours < 0:
+        pytest.skip("this kernel has no keys support (add_key failed)")
+    loot = outcome.observations["keyring_thief.py"]
+    assert SECRET not in loot and KEYDESC not in loot, loot[:400]
+    assert "planted=-1" in loot and planted < 0, loot[:400]
+
+
+def test_training_sees_what_validation_sees(outcome):
+    """validation_aware.py plays honestly when its Open looks like validation's: opened the
+    way training opens it, a nonsense reply must not win either."""
+    obs, reward, terminated, _, _ = outcome.observations["validation_aware.py@training"]
+    assert (reward, terminated) == (0.0, False), obs
 
 
 def test_nothing_outlives_the_suite(outcome):

@@ -6,7 +6,11 @@
         obs, reward, terminated, truncated, info = await pool.step(inst, r"\\boxed{go}")
         await pool.close(inst)
 
-Rules: instances of one environment (``env_id``) share a worker; two environments never do.
+Rules: two environments never share a worker. Instances of one environment (``env_id``)
+share a worker, unless its steps are slow (measured mean above ``spread_step_ms``): then a
+new instance goes to another worker of the same environment, up to ``workers_per_env``, so
+the plays of a GRPO group step in parallel instead of one at a time behind one worker's
+lock (the validator's cross-process determinism gate is what makes that safe).
 At most ``max_workers`` processes live at once; ``prewarm`` clean workers wait booted, so an
 ``open`` of a new environment does not pay the interpreter start. A worker whose environment
 has no open instance stays loaded (a later open is instant) until its slot is needed. Every
@@ -17,6 +21,7 @@ The pool never lets one environment's failure stop another's calls.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import itertools
 import logging
@@ -28,9 +33,10 @@ import msgspec
 
 from spade_async.config import Doc
 from spade_async.envs import protocol as P
-from spade_async.envs import sandbox
+from spade_async.envs import sandbox, tasks
 from spade_async.envs.packages import package_binds
 from spade_async.envs.process import EnvError, WorkerProcess
+from spade_async.envs.static import StructureError, find_env_class
 
 __all__ = ["EnvPool", "PoolConfig", "EnvError", "Instance"]
 
@@ -53,11 +59,25 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     tmp_mb: Doc(int, "size of the private tmpfs /tmp under bubblewrap, MB") = 64
     shm_mb: Doc(int, "size of the private tmpfs /dev/shm in the sandbox, MB") = 1
     open_files: Doc(int, "open file descriptors per worker (RLIMIT_NOFILE)") = 64
-    nproc: Doc(int, "RLIMIT_NPROC (not enforced for root; the seccomp filter stops forks)") = 64
+    nproc: Doc(
+        int,
+        "tasks (processes + threads) per worker: its pids cgroup's pids.max, and RLIMIT_NPROC "
+        "(which does not bind root; tasks.py says which limit is in force)",
+    ) = 64
     deny_fork: Doc(bool, "seccomp filter: no process creation, no signals to others") = True
     max_obs_chars: Doc(int, "largest observation (and solution) in characters") = 1_000_000
     max_info_bytes: Doc(int, "largest info dict (and tool list), msgpack-encoded bytes") = 262_144
     sink_chars: Doc(int, "characters of environment stdout/stderr kept in the worker") = 4096
+    workers_per_env: Doc(
+        int,
+        "most workers one environment's instances are spread over (each worker still "
+        "holds one environment only); 1 = every instance of an environment in one worker",
+    ) = 4
+    spread_step_ms: Doc(
+        float,
+        "spread an environment over more workers only once its measured mean step time is "
+        "above this many ms (fast steps gain nothing from extra workers); 0 = always",
+    ) = 5.0
     packages: Doc(
         tuple[str, ...],
         "installed distributions (with their requirements) that environment code may import, "
@@ -80,6 +100,15 @@ def source_id(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def static_class(source: str) -> str:
+    """The environment class the static stage finds ("" when it finds none: such a file
+    fails at load, where the worker's own search gives the reason)."""
+    try:
+        return find_env_class(ast.parse(source.removeprefix("\ufeff")))
+    except (SyntaxError, ValueError, RecursionError, MemoryError, StructureError):
+        return ""
+
+
 class EnvPool:
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
@@ -94,7 +123,9 @@ class EnvPool:
         self._max_frame = 4 * self.config.max_obs_chars + self.config.max_info_bytes + 4096
         self._ids = itertools.count(1)
         self._idle: list[WorkerProcess] = []
-        self._by_env: dict[str, WorkerProcess] = {}
+        self._by_env: dict[str, list[WorkerProcess]] = {}
+        self._classes: dict[str, str] = {}  # env_id -> static class name (the Open message)
+        self._step_ms: dict[str, float] = {}  # env_id -> mean step time (EMA), ms
         self._starting = 0
         self._env_locks: dict[str, anyio.Lock] = {}
         self._reserve_lock = anyio.Lock()
@@ -124,7 +155,7 @@ class EnvPool:
 
     async def _sweep(self) -> None:
         with anyio.CancelScope(shield=True):
-            for w in [*self._idle, *self._by_env.values()]:
+            for w in [*self._idle, *self._env_workers()]:
                 await w.kill("pool closed")
             self._idle.clear()
             self._by_env.clear()
@@ -134,8 +165,11 @@ class EnvPool:
         the caller starts it (``await w.start(timeout)``) and must ``await w.kill(why)``."""
         return WorkerProcess(self.isolation, self._limits, self._max_frame)
 
+    def _env_workers(self) -> list[WorkerProcess]:
+        return [w for ws in self._by_env.values() for w in ws]
+
     def _live(self) -> int:
-        return len(self._idle) + len(self._by_env) + self._starting
+        return len(self._idle) + len(self._env_workers()) + self._starting
 
     async def _new_worker(self) -> WorkerProcess:
         self._starting += 1
@@ -167,7 +201,7 @@ class EnvPool:
                     spare = self._spare()
                     if spare is None:
                         break
-                    await self.release(spare.env_id)
+                    await self._evict(spare)
                     continue
                 w = await self._new_worker()  # (not `_idle.append(await ...)`: binds first)
                 self._idle.append(w)
@@ -180,8 +214,11 @@ class EnvPool:
 
     def _reap(self, w: WorkerProcess) -> None:
         """Forget a dead worker so its slot frees up, and top the idle set up again."""
-        if w.env_id is not None and self._by_env.get(w.env_id) is w:
-            del self._by_env[w.env_id]
+        ws = self._by_env.get(w.env_id) if w.env_id is not None else None
+        if ws is not None and w in ws:
+            ws.remove(w)
+            if not ws:
+                del self._by_env[w.env_id]
             self.counters["died"] += 1
         self._want_spawn.set()
         self._notify()
@@ -189,13 +226,67 @@ class EnvPool:
     # --- worker assignment -----------------------------------------------------------
     def _spare(self) -> WorkerProcess | None:
         """The least recently used environment worker without open instances, if any."""
-        spare = [w for w in self._by_env.values() if not w.instances and not w.lock.locked()]
+        spare = [
+            w for w in self._env_workers()
+            if not w.instances and not w.opening and not w.lock.locked()
+        ]  # fmt: skip
         return min(spare, key=lambda w: w.last_used) if spare else None
 
+    async def _evict(self, w: WorkerProcess) -> None:
+        """Kill one environment worker without open instances (its slot is needed)."""
+        ws = self._by_env.get(w.env_id, [])
+        if w in ws:
+            ws.remove(w)
+            if not ws:
+                del self._by_env[w.env_id]
+        if not ws:
+            self._forget(w.env_id)
+        await w.kill(f"environment {w.env_id} evicted")
+        self.counters["killed"] += 1
+        self._want_spawn.set()
+        self._notify()
+
+    def _slow(self, env_id: str) -> bool:
+        return self._step_ms.get(env_id, 0.0) > self.config.spread_step_ms or (
+            self.config.spread_step_ms <= 0
+        )
+
+    async def _another_worker(self, env_id: str) -> WorkerProcess | None:
+        """One more worker for ``env_id`` (spreading a slow environment): a pre-warmed one
+        or a free slot, never by evicting or waiting; None when there is neither."""
+        self._idle[:] = [x for x in self._idle if not x.dead]
+        if self._idle:
+            w = self._idle.pop()
+            self._want_spawn.set()
+        elif self._live() < self.config.max_workers:
+            w = await self._new_worker()
+        else:
+            return None
+        w.env_id = env_id
+        self._by_env.setdefault(env_id, []).append(w)
+        return w
+
+    async def _placement(self, env_id: str) -> WorkerProcess:
+        """The worker a new instance of ``env_id`` goes to: the least loaded of its workers,
+        or one more of them when all are in use and its steps are slow."""
+        ws = [w for w in self._by_env.get(env_id, []) if not w.dead]
+        if not ws:
+            return await self._worker_for(env_id)
+        w = min(ws, key=lambda x: len(x.instances) + x.opening)
+        if (
+            len(w.instances) + w.opening
+            and len(ws) < self.config.workers_per_env
+            and self._slow(env_id)
+        ):
+            more = await self._another_worker(env_id)
+            if more is not None:
+                return more
+        return w
+
     async def _worker_for(self, env_id: str) -> WorkerProcess:
-        w = self._by_env.get(env_id)
-        if w is not None and not w.dead:
-            return w
+        ws = [w for w in self._by_env.get(env_id, []) if not w.dead]
+        if ws:
+            return ws[0]
         with anyio.fail_after(self.config.capacity_wait_s):
             while True:
                 self._idle[:] = [x for x in self._idle if not x.dead]
@@ -208,11 +299,11 @@ class EnvPool:
                     break
                 spare = self._spare()
                 if spare is not None:
-                    await self.release(spare.env_id)
+                    await self._evict(spare)
                     continue
                 await self._changed.wait()
         w.env_id = env_id
-        self._by_env[env_id] = w
+        self._by_env[env_id] = [w]
         return w
 
     async def reserve(self, *env_ids: str) -> None:
@@ -234,22 +325,33 @@ class EnvPool:
         if errors:
             raise errors[0]
 
-    async def _assign(self, env_id: str) -> None:
+    async def _assign(self, env_id: str, spread: bool = False) -> WorkerProcess:
         async with self._env_locks.setdefault(env_id, anyio.Lock()):
             try:
-                await self._worker_for(env_id)
+                return await (self._placement if spread else self._worker_for)(env_id)
             except TimeoutError:
                 raise EnvError(
                     "busy",
                     f"no worker slot within {self.config.capacity_wait_s:g} s (max_workers={self.config.max_workers})",
                 ) from None
 
+    def _forget(self, env_id: str) -> None:
+        """Drop what the pool keeps per environment once it has no worker (a long run
+        validates thousands of environments under fresh ids)."""
+        self._classes.pop(env_id, None)
+        self._step_ms.pop(env_id, None)
+        lock = self._env_locks.get(env_id)
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            del self._env_locks[env_id]
+
     async def release(self, env_id: str) -> None:
-        """Kill the worker of ``env_id`` (its instances become lost)."""
-        w = self._by_env.pop(env_id, None)
-        if w is not None:
+        """Kill the workers of ``env_id`` (its instances become lost)."""
+        ws = self._by_env.pop(env_id, [])
+        self._forget(env_id)
+        for w in ws:
             await w.kill(f"environment {env_id} released")
             self.counters["killed"] += 1
+        if ws:
             self._want_spawn.set()
             self._notify()
 
@@ -257,25 +359,51 @@ class EnvPool:
     async def _call(self, w: WorkerProcess, msg: object, timeout: float) -> Any:
         self.counters["calls"] += 1
         try:
-            return await w.request(msg, timeout)
+            reply = await w.request(msg, timeout)
         except EnvError:
             if w.dead:
                 self._reap(w)
             raise
+        if isinstance(msg, P.Step) and w.env_id is not None:  # the time the worker was busy
+            ms = w.busy_s * 1000
+            old = self._step_ms.get(w.env_id)
+            self._step_ms[w.env_id] = ms if old is None else 0.8 * old + 0.2 * ms
+        return reply
 
     async def open(
         self, source: str, env_id: str | None = None, kwargs: dict | None = None,
-        env_class: str = "",
+        env_class: str = "", beside: Instance | None = None,
     ) -> Instance:  # fmt: skip
         """An instance of ``source``'s environment class (``env_class``: load that class by
-        name, as the static stage found it, instead of searching the module)."""
+        name, as the static stage found it; by default the pool finds it the same way).
+        ``beside``: open it in that instance's worker (a second instance in one process).
+
+        Every ``Open`` a worker sees has the same shape, whoever asks (the validator or
+        training): the worker's own random 16-hex id, never the caller's ``env_id``, and
+        the static class name, so environment code cannot tell validation from training.
+        """
         env_id = env_id or source_id(source)
-        await self._assign(env_id)  # one worker per environment, even when opened concurrently
-        w = self._by_env[env_id]
+        if beside is not None:
+            if beside.env_id != env_id:
+                raise ValueError(f"beside= is an instance of {beside.env_id}, not of {env_id}")
+            w = self._check(beside)
+        else:  # one worker per environment (more when it is slow), even opened concurrently
+            w = await self._assign(env_id, spread=True)
+        if not env_class:
+            if env_id not in self._classes:
+                if len(self._classes) > 4096:
+                    self._classes.clear()
+                self._classes[env_id] = static_class(source)
+            env_class = self._classes[env_id]
         iid = next(self._ids)
-        reply = await self._call(
-            w, P.Open(iid, env_id, source, kwargs or {}, env_class), self.config.open_timeout_s
-        )
+        w.opening += 1
+        try:
+            reply = await self._call(
+                w, P.Open(iid, w.wire_id, source, kwargs or {}, env_class),
+                self.config.open_timeout_s,
+            )  # fmt: skip
+        finally:
+            w.opening -= 1
         w.instances.add(iid)
         self.counters["opened"] += 1
         return Instance(iid, env_id, reply.env_class, w)
@@ -321,9 +449,10 @@ class EnvPool:
 
     def stats(self) -> dict[str, Any]:
         """Counters for the dashboard."""
-        env_workers = list(self._by_env.values())
+        env_workers = self._env_workers()
         return {
             "isolation": self.isolation,
+            "task_limit": tasks.mode(),
             "workers": self._live(),
             "idle": len(self._idle),
             "busy": sum(1 for w in env_workers if w.lock.locked()),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import anyio
 import msgspec
 
 from spade_async.envs import protocol as P
-from spade_async.envs import replies, sandbox
+from spade_async.envs import replies, sandbox, tasks
 
 
 class EnvError(Exception):
@@ -65,9 +66,14 @@ class WorkerProcess:
         self.buf = bytearray()
         self.dead: str | None = None  # why, once dead
         self.env_id: str | None = None
+        # the id the worker is told (protocol.Open): random, the same shape for every caller
+        self.wire_id = secrets.token_hex(8)
         self.instances: set[int] = set()
+        self.opening = 0  # Open requests in flight (placement counts them as instances)
+        self.busy_s = 0.0  # duration of the last successful round trip
         self.last_used = time.monotonic()
         self.seccomp = False
+        self.cgroup = None  # its pids cgroup (tasks.py), while it lives
         # on the worker's command line: find its processes in /proc (tests, leak checks)
         self.tag = f"spade-worker-{os.getpid()}-{next(_serial)}"
         self._seq = itertools.count(1)  # request numbers; Ready is 0
@@ -77,11 +83,25 @@ class WorkerProcess:
         return self.proc.pid if self.proc else None
 
     async def start(self, timeout: float) -> None:
-        limits = {**self.limits, "tag": self.tag}
+        made = tasks.cgroups()
+        mode = tasks.mode()
+        # the task limit that binds (tasks.py): without a cgroup, root gets no threads at all
+        limits = {**self.limits, "tag": self.tag, "threads": mode != "no-threads"}
+        if made is not None:
+            try:
+                self.cgroup = made.create(self.tag, self.limits["nproc"])
+            except OSError as exc:  # never a worker without the limit the pool reports
+                raise EnvError("boot", f"cannot make the worker's pids cgroup: {exc}") from None
         # Spawned on the event-loop thread on purpose (a few ms): bwrap's --die-with-parent
         # is PR_SET_PDEATHSIG, which fires when the *thread* that forked exits, so a
         # short-lived to_thread worker would take the sandbox down with it.
-        self.proc, self.wfd, self.rfd, self.workdir = sandbox.spawn(self.level, limits)
+        try:
+            self.proc, self.wfd, self.rfd, self.workdir = sandbox.spawn(
+                self.level, limits, self.cgroup
+            )
+        except BaseException:
+            self._drop_cgroup()
+            raise
         try:
             with anyio.fail_after(timeout):
                 ready = await self._read_reply(0)
@@ -156,13 +176,14 @@ class WorkerProcess:
         async with self.lock:
             if self.dead:
                 raise EnvError("lost", f"worker is dead ({self.dead})")
-            self.last_used = time.monotonic()
+            self.last_used = t0 = time.monotonic()
             failure: EnvError | None = None
             try:
                 with anyio.fail_after(timeout):
                     self._refuse_unsolicited()
                     await self._write(data)
                     reply = replies.check(msg, await self._read_reply(seq), self.limits)
+                self.busy_s = time.monotonic() - t0  # the round trip, not the wait for the lock
             except TimeoutError:
                 failure = EnvError(
                     "timeout", f"{type(msg).__name__.lower()} took longer than {timeout:g} s"
@@ -223,4 +244,11 @@ class WorkerProcess:
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+        self._drop_cgroup()
         return rc
+
+    def _drop_cgroup(self) -> None:
+        made = tasks.cgroups()
+        if self.cgroup is not None and made is not None:
+            made.remove(self.cgroup)
+        self.cgroup = None

@@ -6,7 +6,8 @@ Strongest available first:
               filesystem is an empty root with only /usr (and its /lib, /bin links), the
               Python installation (``sys.base_prefix``) and the worker's own files at
               /opt/spade bound read-only (with the pool's ``packages``, if any, at
-              /opt/spade/site), a private size-capped tmpfs /tmp, /proc and /dev;
+              /opt/spade/site), a private size-capped tmpfs /tmp, /proc (with
+              /proc/keys and /proc/key-users masked) and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
               Everything writable is size-capped: the root and /dev are remounted
               read-only, /tmp (``tmp_mb``) and /dev/shm (``shm_mb``) are capped tmpfs, and
@@ -19,9 +20,11 @@ Strongest available first:
 - ``rlimit``  only resource limits and the syscall filter; logged as a loud warning.
 
 All levels add, inside the worker before any environment code runs: rlimits (address
-space, CPU seconds, file size, open files, processes, no core dumps), a seccomp filter
-that forbids creating processes, signalling others, mounting, memfds and SysV shared
-memory (``seccomp.py``), so a worker's whole memory is at most ``memory_mb`` (address
+space, CPU seconds, file size, open files, processes, no core dumps), an empty session
+keyring of its own, a seccomp filter that forbids creating processes, signalling others,
+mounting, memfds, SysV shared memory, the key syscalls, io_uring and userfaultfd
+(``seccomp.py``), and a task limit that binds for root (``tasks.py``: a pids cgroup per
+worker, which a tiny shell joins before it execs the sandbox); so a worker's whole memory is at most ``memory_mb`` (address
 space) + ``tmp_mb`` + ``shm_mb`` (its tmpfs, freed with its mount namespace) at the
 ``bwrap`` and ``unshare`` levels; a scrubbed
 environment, ``python -I``, stdout/stderr into a capped in-memory sink, and a new session
@@ -38,10 +41,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
+from spade_async.envs import tasks
 from spade_async.envs.packages import SITE
 from spade_async.errors import SpadeError
 
@@ -51,6 +56,10 @@ HERE = Path(__file__).resolve().parent
 WORKER_FILES = ("worker.py", "protocol.py", "seccomp.py", "tool_use.py")
 LEVELS = ("bwrap", "unshare", "rlimit")
 OPT = "/opt/spade"
+# the host's keys (descriptions of every key whose owner maps into the sandbox) and
+# per-user key counts: masked, as container runtimes mask them
+PROC_MASKED = ("keys", "key-users")
+PYTHON = f"{OPT}/python"  # inside bubblewrap: a symlink to the base interpreter
 
 
 class SandboxUnavailable(SpadeError):
@@ -90,24 +99,33 @@ def _root_links() -> list[str]:
     return args
 
 
-def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1, packages: list | tuple = ()) -> list[str]:
-    """``packages``: ``(name, host path)`` pairs bound read-only at ``packages.SITE``."""
-    bwrap = bwrap_binary()
-    assert bwrap is not None
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_root_links()]
+def _bwrap_options(tmp_mb: int, shm_mb: int = 1, packages: list | tuple = ()) -> list[str]:
+    """bwrap's options (everything but the binary and the command). ``packages``:
+    ``(name, host path)`` pairs bound read-only at ``packages.SITE``."""
+    args = ["--unshare-all", "--die-with-parent", "--new-session", *_root_links()]
     base = str(Path(sys.base_prefix).resolve())
     if not base.startswith("/usr/"):
         args += ["--ro-bind", base, base]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
     args += ["--size", str(shm_mb << 20), "--tmpfs", "/dev/shm"]
+    for name in PROC_MASKED:  # kernel state of the host that /proc would still show
+        if Path("/proc", name).exists():
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     for name in WORKER_FILES:
         if (HERE / name).exists():
             args += ["--ro-bind", str(HERE / name), f"{OPT}/{name}"]
     args += ["--ro-bind", str(Path(msgspec.__file__).resolve().parent), f"{OPT}/msgspec"]
     for name, path in packages:
         args += ["--ro-bind", path, f"{SITE}/{name}"]
+    args += ["--symlink", base_python(), PYTHON]  # the command line names no host path
     args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # uncapped tmpfs otherwise
     return [*args, "--chdir", "/tmp", "--clearenv"]
+
+
+def _bwrap_prefix(tmp_mb: int, shm_mb: int = 1, packages: list | tuple = ()) -> list[str]:
+    bwrap = bwrap_binary()
+    assert bwrap is not None
+    return [bwrap, *_bwrap_options(tmp_mb, shm_mb, packages)]
 
 
 def _unshare_prefix() -> list[str]:
@@ -121,15 +139,32 @@ def _unshare_prefix() -> list[str]:
     return [*death, exe, *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
 
-def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> list[str]:
+@dataclass(frozen=True)
+class Command:
+    """How to start a worker: ``argv`` (``argv[0]`` as the process shows it), the binary
+    ``executable`` that runs, and ``args_data``: bwrap's options, handed over on an fd
+    (``--args``) so that the sandbox's PID 1 (bwrap) shows no host path in its
+    /proc/1/cmdline."""
+
+    argv: list[str]
+    executable: str
+    args_data: bytes | None = None
+
+
+def worker_command(level: str, rfd: int, wfd: int, limits: dict) -> Command:
+    """The worker's command at ``level``. Under bwrap ``argv`` holds ``{ARGS_FD}``, the
+    number of the fd ``spawn`` passes bwrap's options on."""
     packages = limits.get("packages", ())
     lim = json.dumps({**limits, "packages": [name for name, _ in packages]})  # no host paths
     if level == "bwrap":
-        prefix = _bwrap_prefix(limits["tmp_mb"], limits["shm_mb"], packages)
-        return [*prefix, base_python(), "-I", "-S",
-                f"{OPT}/worker.py", str(rfd), str(wfd), lim]  # fmt: skip
+        options = _bwrap_options(limits["tmp_mb"], limits["shm_mb"], packages)
+        data = b"".join(a.encode() + b"\0" for a in options)
+        argv = ["bwrap", "--args", "{ARGS_FD}", "--", PYTHON, "-I", "-S", f"{OPT}/worker.py",
+                str(rfd), str(wfd), lim]  # fmt: skip
+        return Command(argv, bwrap_binary() or "bwrap", data)
     cmd = [sys.executable, "-I", str(HERE / "worker.py"), str(rfd), str(wfd), lim]
-    return [*_unshare_prefix(), *cmd] if level == "unshare" else cmd
+    cmd = [*_unshare_prefix(), *cmd] if level == "unshare" else cmd
+    return Command(cmd, cmd[0])
 
 
 def _probe(level: str) -> str | None:
@@ -192,22 +227,37 @@ def isolation_level(requested: str = "auto") -> str:
     return level
 
 
-def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | None]:
+def spawn(
+    level: str, limits: dict, cgroup: Path | None = None
+) -> tuple[subprocess.Popen, int, int, str | None]:
     """Start a worker. Returns (process, fd to write requests, fd to read replies, workdir).
 
     The process leads a new session, so ``os.killpg(proc.pid, SIGKILL)`` kills all of it.
+    ``cgroup``: a pids cgroup (``tasks.py``) the whole sandbox starts in.
     """
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
+    args_fd = -1
     workdir = None
     if level != "bwrap":
         workdir = tempfile.mkdtemp(prefix="spade-env-")
         limits = {**limits, "workdir": workdir, "private_tmpfs": level == "unshare"}
     try:
+        cmd = worker_command(level, req_r, rep_w, limits)
+        argv, executable, fds = cmd.argv, cmd.executable, [req_r, rep_w]
+        if cmd.args_data is not None:
+            args_fd = os.memfd_create("spade-bwrap-args", 0)
+            os.write(args_fd, cmd.args_data)
+            os.lseek(args_fd, 0, os.SEEK_SET)
+            argv = [a.replace("{ARGS_FD}", str(args_fd)) for a in argv]
+            fds.append(args_fd)
+        if cgroup is not None:  # a shell joins the cgroup, then execs the worker's command
+            path = os.path.dirname(executable) if "/" not in argv[0] else ""
+            argv, executable = tasks.wrap(argv, cgroup, path), tasks.shell()
         proc = subprocess.Popen(
-            worker_command(level, req_r, rep_w, limits),
+            argv, executable=executable,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(req_r, rep_w), env={}, start_new_session=True, cwd=workdir or "/",
+            pass_fds=fds, env={}, start_new_session=True, cwd=workdir or "/",
         )  # fmt: skip
     except BaseException:
         for fd in (req_w, rep_r):
@@ -216,8 +266,9 @@ def spawn(level: str, limits: dict) -> tuple[subprocess.Popen, int, int, str | N
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     finally:
-        os.close(req_r)
-        os.close(rep_w)
+        for fd in (req_r, rep_w, args_fd):
+            if fd >= 0:
+                os.close(fd)
     os.set_blocking(req_w, False)
     os.set_blocking(rep_r, False)
     return proc, req_w, rep_r, workdir

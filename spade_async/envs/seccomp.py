@@ -50,12 +50,15 @@ NR = {
     "setns": 308, "process_vm_writev": 311, "memfd_create": 319, "pidfd_send_signal": 424,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "clone3": 435, "mount_setattr": 442, "memfd_secret": 447,
+    "add_key": 248, "request_key": 249, "keyctl": 250, "userfaultfd": 323,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
 }  # fmt: skip
 DENIED = ("fork", "vfork", "ptrace", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
           "unshare", "setns", "process_vm_writev", "pidfd_send_signal", "shmget", "mq_open",
           "pivot_root", "chroot", "mount", "umount2", "memfd_create", "open_tree",
           "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-          "memfd_secret")  # fmt: skip
+          "memfd_secret", "add_key", "request_key", "keyctl", "userfaultfd", "io_uring_setup",
+          "io_uring_enter", "io_uring_register")  # fmt: skip
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data (little endian)
 
 
@@ -74,7 +77,8 @@ def _assemble(prog: list[tuple]) -> bytes:
     return out
 
 
-def build_filter(pid: int) -> bytes:
+def build_filter(pid: int, threads: bool = True) -> bytes:
+    """``threads=False``: clone is refused even with CLONE_THREAD (a one-task worker)."""
     eperm = _errno(errno.EPERM)
     prog: list[tuple] = [
         (_LD_ABS, _OFF_ARCH),
@@ -93,7 +97,7 @@ def build_filter(pid: int) -> bytes:
         ("label", "clone"),
         (_LD_ABS, _OFF_ARG0),
         (_JSET, CLONE_NEW_ANY, "eperm", None),
-        (_JSET, CLONE_THREAD, "allow", "eperm"),
+        (_JSET, CLONE_THREAD if threads else 0, "allow", "eperm"),
         ("label", "kill_sys"),
         (_LD_ABS, _OFF_ARG0),
         (_JEQ, 0, "allow", None),
@@ -117,12 +121,12 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(pid: int) -> bool:
+def install(pid: int, threads: bool = True) -> bool:
     """Install the filter on the calling process (irreversible). False when unsupported."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    code = build_filter(pid)
+    code = build_filter(pid, threads)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
@@ -130,6 +134,21 @@ def install(pid: int) -> bool:
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
     return True
+
+
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def join_empty_keyring() -> bool:
+    """Replace the session keyring inherited from the parent with a new, empty, anonymous
+    one (keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)): nothing the host keeps in its session
+    keyring is reachable, and nothing planted here reaches another worker. Called before
+    the filter denies keyctl. False when the kernel has no keys support."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc.syscall(NR["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
 
 
 def mount_tmpfs(target: str, size_bytes: int) -> bool:

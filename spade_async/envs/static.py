@@ -25,6 +25,9 @@ class StructureError(ValueError):
 
 
 def _base_name(node: ast.expr) -> str | None:
+    """``Base``, ``mod.Base``, and subscripted ``Base[T]`` / ``mod.Base[int, str]``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
@@ -51,7 +54,7 @@ def find_env_class(tree: ast.Module) -> str:
                 unknown |= unk
             elif b in _BASE_METHODS:
                 names |= _BASE_METHODS[b]
-            elif b != "object":
+            elif b not in ("object", "Generic", "Protocol"):
                 unknown = True  # e.g. gymnasium.Env: decided at load time
         return names, unknown
 

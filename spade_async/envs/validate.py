@@ -9,18 +9,33 @@ sandbox; the static checks here only parse. A misbehaving environment always yie
 Gates a hostile environment cannot game. The checks use two worker PROCESSES, A and B,
 opened together (two fresh workers, so the second costs no extra wall time when the pool
 has pre-warmed ones): A takes reset/step/garbage; determinism compares first observations
-and a replayed trajectory between A and B (an environment salted per process differs);
-only then does A run ``solution()``, and its actions are replayed for feasibility in B,
-which never ran ``solution()`` (a ``solution()`` with side effects cannot make its own
-replay win), and then once more in A: a divergence means nondeterminism or a
-``solution()`` that changed the game. The reported class is the one the static stage
-found, loaded by that name; every value came through the parent's checks (replies.py).
+and replayed garbage plays between A, a second instance A2 inside A's worker, and B (an
+environment salted per process, or per instance, differs); only then does A run
+``solution()``, and its actions are replayed for feasibility in B, which never ran
+``solution()`` (a ``solution()`` with side effects cannot make its own replay win), and
+then once more in A2: a divergence means nondeterminism, an instance that plays another
+game for the same seed, or a ``solution()`` that changed its worker's game. The reported class is the one the static stage found, loaded by that name; every
+value came through the parent's checks (replies.py).
+
+What an environment cannot recognise: the garbage is drawn at random per check
+(``garbage_plays``: random text, legal-looking commands made from the observation's own
+``\\boxed{...}`` examples with values no game accepts, tool calls with the environment's
+own tool names and random arguments, wrong non-empty answers) and played for several turns,
+with the contract's fixed probes (``ValidateConfig.garbage_actions``) each leading a play of
+random turns, in a random order. The worker is told the same things by validation and by
+training (the pool's ``Open`` carries the worker's own random id and the static class
+name, whoever asks), so "am I being validated" has no answer in the messages.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import random
 import re
+import secrets
+import string
 import sys
 import time
 import uuid
@@ -42,6 +57,10 @@ __all__ = [
     "validate_source",
     "check_file",
     "solution_actions",
+    "garbage_plays",
+    "random_text",
+    "legal_looking",
+    "tool_garbage",
     "STAGES",
 ]
 
@@ -62,6 +81,18 @@ class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "<answer></answer>", "<tool_call>not json</tool_call>",
         '<tool_call>{"name": "no_such_tool", "arguments": {"x": 1}}</tool_call>',
     )  # fmt: skip
+    garbage_turns: Doc(
+        int, "turns of each garbage play (several: a later nonsense reply must not win)"
+    ) = 4
+    random_plays: Doc(
+        int, "garbage plays of random turns only, per seed (besides the fixed-led ones)"
+    ) = 2
+    replayed_plays: Doc(
+        int, "garbage plays per seed (the longest) replayed in A2 and B for determinism"
+    ) = 1
+    probe_seed: Doc(
+        int | None, "seed of the random garbage; None = fresh per check (set to reproduce one)"
+    ) = None
     max_solution_steps: Doc(int, "longest solution replayed") = 200
     require_multi_turn: Doc(bool, "reject environments solved in one action (stage multi_turn)") = (
         False
@@ -107,12 +138,113 @@ def solution_actions(value: str | list[str]) -> list[str] | None:
     return None
 
 
+_WORDS = ("maybe", "hello", "pass", "ok", "what", "the", "answer", "is", "try", "again", "no",
+          "yes", "left", "up", "done", "win", "I", "think", "so", "please", "next", "skip")  # fmt: skip
+_BOXED = re.compile(r"\\boxed\{\{?([^{}\n]{1,60})\}")
+_DIGITS = re.compile(r"\d+")
+
+
+def _junk(rng: random.Random, n: int = 0) -> str:
+    n = n or rng.randint(3, 10)
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
+
+
+def _absurd_int(rng: random.Random, like: str = "") -> str:
+    """An integer no game here would accept: more digits than ``like`` and the usual ranges."""
+    return str(rng.randint(10 ** (len(like) + 5), 10 ** (len(like) + 9)) * rng.choice((1, -1)))
+
+
+def random_text(rng: random.Random) -> str:
+    """Nonsense prose (a sentence: capitalised), sometimes with a boxed nonsense command."""
+    words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 9))).capitalize()
+    pick = rng.random()
+    if pick < 0.3:
+        return f"{words} \\boxed{{{_junk(rng)} {_absurd_int(rng)}}}"
+    if pick < 0.5:
+        return f"\\boxed{{{_junk(rng)}}}"
+    return words + rng.choice(("", ".", "?", " " + _junk(rng)))
+
+
+def legal_looking(rng: random.Random, obs: str) -> str:
+    """A command in the form the observation's own ``\\boxed{...}`` examples use, with
+    values no game accepts: numbers longer than any in the example, placeholders (one
+    letter, or a short capital name) as absurd numbers; a command with no value to change
+    gets one of its words replaced by random letters of the same length."""
+    templates = [t.strip() for t in _BOXED.findall(obs) if t.strip()]
+    words = [w for w in re.findall(r"[A-Za-z]{3,}", obs)]
+    if not templates:
+        word = rng.choice(words) if words else _junk(rng)
+        return f"\\boxed{{{word} {_absurd_int(rng)}}}"
+    tokens, changed = rng.choice(templates).split(), False
+    for i, tok in enumerate(tokens):
+        if _DIGITS.search(tok):
+            tokens[i] = _DIGITS.sub(lambda m: _absurd_int(rng, m.group()).lstrip("-"), tok)
+            changed = True
+        elif re.fullmatch(r"[A-Za-z]|[A-Z]{1,3}", tok) or not tok.isalnum():
+            tokens[i] = _absurd_int(rng)
+            changed = True
+    if not changed:
+        i = rng.randrange(len(tokens))
+        tokens[i] = _junk(rng, len(tokens[i]) + 1)
+    return f"\\boxed{{{' '.join(tokens)}}}"
+
+
+def tool_garbage(rng: random.Random, tools: list[dict]) -> str:
+    """A call to one of the environment's own tools with random arguments, or a wrong
+    non-empty answer (random words or a number far from any plausible answer)."""
+    names = [
+        t.get("function", t).get("name") for t in tools if isinstance(t.get("function", t), dict)
+    ]
+    names = [n for n in names if isinstance(n, str)]
+    if names and rng.random() < 0.5:
+        fn = next(
+            (t.get("function", t) for t in tools if t.get("function", t).get("name") == (name := rng.choice(names))),
+            {},
+        )  # fmt: skip
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        args = {
+            k: rng.choice((_junk(rng), rng.randint(-9999, 9999), rng.random() * 1e6))
+            for k in (props if isinstance(props, dict) else {})
+        }
+        args = args or {_junk(rng, 4): _junk(rng)}
+        body = json.dumps({"name": name, "arguments": args})
+        return f"<tool_call>{body}</tool_call>"
+    answer = rng.choice(
+        (f"{_junk(rng)} {_junk(rng)}", _absurd_int(rng), f"{rng.random() * 1e9:.3f}", _junk(rng))
+    )
+    return f"<answer>{answer}</answer>"
+
+
+def garbage_plays(
+    rng: random.Random, obs: str, tools: list[dict], cfg: ValidateConfig
+) -> list[list[str]]:
+    """The garbage played on one seed: ``cfg.random_plays`` plays of ``cfg.garbage_turns``
+    turns drawn from random text, legal-looking commands and (for a tool-use environment,
+    one with tools) tool garbage, and each fixed probe of ``cfg.garbage_actions`` as a play
+    of its own (the contract's minimum: every one of them is stepped); in a random order."""
+
+    def turn() -> str:
+        kinds = [random_text, lambda r: legal_looking(r, obs)]
+        if tools:
+            kinds.append(lambda r: tool_garbage(r, tools))
+        return rng.choice(kinds)(rng)
+
+    plays = [[fixed] for fixed in cfg.garbage_actions]
+    plays += [
+        [turn() for _ in range(max(1, cfg.garbage_turns))] for _ in range(max(1, cfg.random_plays))
+    ]
+    rng.shuffle(plays)
+    return plays
+
+
 class _Gates:
     def __init__(
         self, pool: EnvPool, source: str, seeds: tuple[int, ...], cfg: ValidateConfig,
         env_class: str,
     ) -> None:  # fmt: skip
         self.pool, self.source, self.seeds, self.cfg = pool, source, seeds, cfg
+        seed = cfg.probe_seed if cfg.probe_seed is not None else secrets.randbits(64)
+        self.rng = random.Random(seed)  # the garbage: drawn afresh per check
         # random ids (no "check" marker an environment could look for): two fresh workers
         self.env_ids = (uuid.uuid4().hex[:16], uuid.uuid4().hex[:16])
         self.stage = "load"
@@ -176,47 +308,81 @@ class _Gates:
             await self.episode(a, self.seeds[0], list(REFERENCE_PROBE))
             return
         self.stage = "reset"
+        first: dict[int, str] = {}
         for seed in self.seeds:
             obs, _ = await self.call(self.pool.reset(a, seed))
             if not obs.strip():
                 raise _Reject("reset", f"reset(seed={seed}) returned an empty observation")
+            first[seed] = obs
         self.stage = "step"
-        garbage: list[tuple[int, str, tuple]] = []
-        for seed in self.seeds:
-            for action in self.cfg.garbage_actions:
-                trace = await self.episode(a, seed, [action])
-                garbage.append((seed, action, trace[1]))
+        tools = await self.tools(a)
+        plays = {s: garbage_plays(self.rng, first[s], tools, self.cfg) for s in self.seeds}
+        traces = {s: [await self.episode(a, s, p) for p in plays[s]] for s in self.seeds}
         self.stage = "determinism"
-        probe = list(self.cfg.garbage_actions)
-        for seed in self.seeds:
-            ta, tb = await self.episode(a, seed, probe), await self.episode(b, seed, probe)
-            self.same(seed, ta, tb, "")
+        a2 = await self.deterministic(a, b, plays, traces)
         self.stage = "not_done_at_reset"
-        thr = self.cfg.success_threshold
-        for seed, action, (_, reward, term, _) in garbage:
-            if reward >= thr:
-                raise _Reject(
-                    "not_done_at_reset",
-                    f"garbage action {action!r} wins seed {seed} (reward {reward:g}, terminated={term})",
-                )
-        self.multi_turn = any(not term for _, _, (_, _, term, _) in garbage)
+        self.not_won(plays, traces)
+        self.multi_turn = any(len(t) > 1 and not t[1][2] for ts in traces.values() for t in ts)
         self.stage = "feasibility"
-        await self.feasible(a, b)
+        await self.feasible(a, b, a2)
         if self.cfg.require_multi_turn and not self.multi_turn:
             raise _Reject("multi_turn", "the episode is solved in one action; it needs several")
 
+    async def tools(self, inst: Instance) -> list[dict]:
+        """The environment's tools (none for a games environment, or one whose
+        ``get_tools`` raises: tool garbage then just is not drawn)."""
+        try:
+            return await self.pool.get_tools(inst)
+        except EnvError as exc:
+            if exc.kind == "exception":
+                return []
+            raise self._classify(exc) from None
+
+    async def deterministic(self, a: Instance, b: Instance, plays: dict, traces: dict) -> Instance:
+        """The garbage plays again in a second instance A2 inside A's worker and in B.
+        Returns A2 (feasibility replays the solution there too)."""
+        a2 = await self.call(
+            self.pool.open(self.source, env_id=self.env_ids[0], env_class=self.env_class, beside=a)
+        )
+        k = max(1, self.cfg.replayed_plays)
+        for seed in self.seeds:
+            pairs = zip(plays[seed], traces[seed], strict=True)
+            for play, ta in sorted(pairs, key=lambda pt: -len(pt[0]))[:k]:  # the longest
+                self.same(
+                    seed, ta, await self.episode(a2, seed, play), "", "instances in one worker"
+                )
+                self.same(seed, ta, await self.episode(b, seed, play), "")
+        return a2
+
+    def not_won(self, plays: dict, traces: dict) -> None:
+        thr = self.cfg.success_threshold
+        for seed in self.seeds:
+            for play, trace in zip(plays[seed], traces[seed], strict=True):
+                for i, (_, reward, term, _) in enumerate(trace[1:]):
+                    if reward >= thr:
+                        shown = ", ".join(repr(x[:60]) for x in play[: i + 1])
+                        raise _Reject(
+                            "not_done_at_reset",
+                            f"garbage wins seed {seed} at turn {i + 1} (reward {reward:g}, "
+                            f"terminated={term}); actions: {shown}",
+                        )
+
     @staticmethod
-    def same(seed: int, ta: list[tuple], tb: list[tuple], what: str) -> None:
+    def same(
+        seed: int, ta: list[tuple], tb: list[tuple], what: str, where: str = "worker processes"
+    ) -> None:
         if ta[0] != tb[0]:
             raise _Reject(
-                "determinism",
-                f"seed {seed}: two worker processes show different first observations",
+                "determinism", f"seed {seed}: two {where} show different first observations"
             )
         if ta != tb:
-            i = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+            i = next(
+                (i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y),
+                min(len(ta), len(tb)),
+            )
             raise _Reject(
                 "determinism",
-                f"seed {seed}: the same actions{what} diverge at step {i} in two worker processes",
+                f"seed {seed}: the same actions{what} diverge at step {i} in two {where}",
             )
 
     async def second_opinion(self, seed: int, actions: list[str], trace: list[tuple]) -> None:
@@ -228,7 +394,7 @@ class _Gates:
         c = await self.call(self.pool.open(self.source, env_id=env_id, env_class=self.env_class))
         self.same(seed, await self.episode(c, seed, actions), trace, " of solution()")
 
-    async def feasible(self, a: Instance, b: Instance) -> None:
+    async def feasible(self, a: Instance, b: Instance, a2: Instance) -> None:
         plans: dict[int, list[str]] = {}
         for seed in self.seeds:  # solution() runs in A only
             await self.call(self.pool.reset(a, seed))
@@ -255,8 +421,13 @@ class _Gates:
                     "failed",
                 )
             steps_needed.append(len(trace) - 1)
-            # the same replay in A (which ran solution()) must be the same game
-            self.same(seed, await self.episode(a, seed, actions), trace, " of solution()")
+            # the same replay in A2, a second instance in the worker where solution() ran,
+            # must be the same game: a solution() that changed the worker's state, or an
+            # instance that plays another game for the same seed, diverges here
+            self.same(
+                seed, await self.episode(a2, seed, actions), trace, " of solution()",
+                "instances in one worker",
+            )  # fmt: skip
         self.feasibility = "proven"
         self.multi_turn = max(steps_needed) >= 2  # some seed needs several actions
 
@@ -277,6 +448,7 @@ async def validate_source(
     warnings: list[str] = []
     gates: _Gates | None = None
     try:
+        source = source.removeprefix("\ufeff")  # a byte-order mark: Python's reader drops it
         if not source.strip():
             raise _Reject("syntax", "the source is empty")
         try:
@@ -333,10 +505,12 @@ def read_source(path: str | Path) -> str | Verdict:
     if b"\x00" in data:
         bad = "the file is binary (contains NUL bytes), not Python source"
     else:
-        try:
-            return data.decode("utf-8")
+        try:  # as Python reads a source file: BOM, coding cookie, universal newlines
+            return importlib.util.decode_source(data)
         except UnicodeDecodeError as exc:
             bad = f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        except (SyntaxError, LookupError) as exc:  # a bad or unknown coding cookie
+            bad = f"the file's encoding declaration is unusable ({exc})"
     return Verdict(valid=False, stage="syntax", reason=bad)
 
 

@@ -5,7 +5,8 @@ this file sits at /opt/spade next to protocol.py, seccomp.py, tool_use.py and ms
 ``python -I`` adds neither PYTHONPATH nor the script dir, so we insert our own dir.
 
 Order at boot: imports -> stdout/stderr into a capped sink -> the pool's trusted packages
-on ``sys.path`` (if any) -> rlimits -> seccomp filter -> ``Ready``. Only then is untrusted
+on ``sys.path`` (if any) -> rlimits -> an empty session keyring of its own -> seccomp
+filter -> ``Ready``. Only then is untrusted
 code executed (on the first ``Open``). Every request gets exactly one reply; failures the
 worker survives come back as ``Err(kind, message)``.
 """
@@ -152,6 +153,7 @@ class Worker:
         module = types.ModuleType("env_module")
         module.__dict__.update(INJECTED)
         sys.modules["env_module"] = module
+        source = source.removeprefix("\ufeff")  # a byte-order mark, as Python's reader drops it
         linecache.cache[SOURCE_NAME] = (len(source), None, source.splitlines(True), SOURCE_NAME)
         exec(compile(source, SOURCE_NAME, "exec"), module.__dict__)  # noqa: S102
         if wanted:  # the class the static stage found, by its module-level name
@@ -247,7 +249,13 @@ class Worker:
             except SystemExit as exc:
                 reply = P.Err("crash", f"environment called sys.exit({exc.code!r})")
             except BaseException as exc:  # noqa: BLE001 - environment failures are data
-                reply = P.Err("exception", describe(exc))
+                text = describe(exc)
+                if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+                    text = f"{text} [task limit: {self.limits['nproc']} tasks per worker" + (
+                        "; no threads: root without a pids cgroup]"
+                        if not self.limits.get("threads", True) else "]"
+                    )  # fmt: skip
+                reply = P.Err("exception", text)
             try:
                 self.send(reply, seq)
             except MemoryError:
@@ -322,7 +330,9 @@ def main(argv: list[str]) -> None:
             os.environ[var] = "1"
         os.environ.update(MPLBACKEND="Agg", MPLCONFIGDIR=os.environ["TMPDIR"])
     apply_limits(limits)
-    filtered = seccomp.install(os.getpid()) if limits["deny_fork"] else False
+    seccomp.join_empty_keyring()  # nothing of the host's session keyring (then keyctl is denied)
+    threads = limits.get("threads", True)  # False: root without a pids cgroup (tasks.py)
+    filtered = seccomp.install(os.getpid(), threads) if limits["deny_fork"] else False
     worker = Worker(rfd, wfd, limits)
     worker.send(P.Ready(os.getpid(), filtered), 0)
     worker.serve()

@@ -240,3 +240,44 @@ async def test_one_worker_is_a_usage_error_not_a_hang():
     async with EnvPool(PoolConfig(max_workers=1, prewarm=0)) as one:
         with pytest.raises(UsageError, match="max_workers"):
             await validate_source(GOOD, pool=one)
+
+
+def test_garbage_is_drawn_afresh_and_keeps_the_contract_minimum():
+    import random
+    import re
+
+    from spade_async.envs.validate import garbage_plays, legal_looking, tool_garbage
+
+    cfg = ValidateConfig()
+    obs = "A lock hides N < 105. Ask \\boxed{mod p} or open it with \\boxed{open N}."
+    tools = [{"type": "function", "function": {"name": "balance", "parameters": {
+        "type": "object", "properties": {"account": {"type": "string"}}}}}]  # fmt: skip
+    a = garbage_plays(random.Random(1), obs, tools, cfg)
+    b = garbage_plays(random.Random(2), obs, tools, cfg)
+    assert a != b  # a game cannot learn the probe: each check draws its own
+    for plays in (a, b):
+        assert sorted(p[0] for p in plays if len(p) == 1) == sorted(cfg.garbage_actions)
+        long = [p for p in plays if len(p) == cfg.garbage_turns]
+        assert len(long) >= cfg.random_plays and cfg.garbage_turns >= 3
+    rng = random.Random(3)
+    for _ in range(50):
+        cmd = legal_looking(rng, obs)
+        m = re.fullmatch(r"\\boxed\{(mod|open) (-?\d+)\}", cmd)
+        assert m and abs(int(m.group(2))) >= 10**5, cmd  # the form, never a real value
+        t = tool_garbage(rng, tools)
+        if t.startswith("<answer>"):
+            assert t[len("<answer>") : -len("</answer>")].strip()  # wrong, but never empty
+        else:
+            assert '"name": "balance"' in t and '"account"' in t
+
+
+async def test_second_instance_in_one_worker_must_play_the_same_game(pool):
+    src = patched(
+        "import itertools\n_n = itertools.count()\n_i = GuessEnv.__init__\n"
+        "def _init(self, *a, **k):\n    _i(self, *a, **k)\n    self.salt = next(_n)\n"
+        "_r = GuessEnv.reset\n"
+        "def _reset(self, seed=None):\n    return _r(self, (seed or 0) + 100 * self.salt)\n"
+        "GuessEnv.__init__, GuessEnv.reset = _init, _reset"
+    )
+    v = await validate_source(src, pool=pool)
+    assert (v.valid, v.stage) == (False, "determinism") and "in one worker" in v.reason, v.reason
