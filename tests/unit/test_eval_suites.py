@@ -182,9 +182,9 @@ def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():
     from spade_async.envs.pool import PoolConfig
 
     class Slow(Scripted):
-        async def __call__(self, messages, sampling, *, item=None) -> str:
+        async def __call__(self, messages, sampling, *, item=None, tools=None) -> str:
             await anyio.sleep(0.4)
-            return await super().__call__(messages, sampling, item=item)
+            return await super().__call__(messages, sampling, item=item, tools=tools)
 
     config = PoolConfig(max_workers=3, prewarm=1, call_timeout_s=10.0, open_timeout_s=30.0,
                         capacity_wait_s=1.0)  # fmt: skip
