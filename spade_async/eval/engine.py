@@ -27,8 +27,10 @@ class ClientGenerator:
         self, messages: list[dict], sampling: Sampling, *, item: Item | None = None,
         tools: list[dict] | None = None,
     ) -> str:  # fmt: skip
-        ids = render_prompt(self.tokenizer, messages) if tools is None else self._with_tools(
-            messages, tools
+        ids = (
+            render_prompt(self.tokenizer, messages)
+            if tools is None
+            else self._with_tools(messages, tools)
         )
         params = SamplingParams(
             max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
@@ -37,7 +39,6 @@ class ClientGenerator:
         self.requests += 1
         out = await self.client.generate(ids, params, return_logprob=False)
         return out.text
-
 
     def _with_tools(self, messages: list[dict], tools: list[dict]) -> list[int]:
         """Tools through the model's own chat template; a template without tool support gets

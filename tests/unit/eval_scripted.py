@@ -41,7 +41,9 @@ def _bfcl_gold(item, messages) -> str:
         return _tool_calls([(meta["functions"][0]["name"], {})])
     as_text = meta["category"] in ("simple_java", "simple_javascript")  # typed as strings
     return _tool_calls(
-        (name, _first(args, as_text)) for call in meta["ground_truth"] for name, args in call.items()
+        (name, _first(args, as_text))
+        for call in meta["ground_truth"]
+        for name, args in call.items()
     )
 
 

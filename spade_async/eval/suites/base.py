@@ -42,7 +42,11 @@ class Generator(Protocol):
     """Anything that turns chat messages into one completion (engine client, script)."""
 
     async def __call__(
-        self, messages: list[dict[str, Any]], sampling: Sampling, *, item: Item | None = None,
+        self,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        *,
+        item: Item | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str: ...  # ``item``: for scripted engines in tests; ``tools``: function docs (BFCL)
 

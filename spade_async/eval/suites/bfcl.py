@@ -135,12 +135,16 @@ class BFCL(Suite):
                 for turn, question in enumerate(meta["question"]):
                     if str(turn) in meta["missed"]:  # held-out functions, as BFCL's prompting path
                         docs = meta["missed"][str(turn)]
-                        question = [{"role": "user", "content": lib.ADDITIONAL.format(functions=docs)}]
+                        question = [
+                            {"role": "user", "content": lib.ADDITIONAL.format(functions=docs)}
+                        ]
                     history.extend(dict(m) for m in question)
                     replies: list[str] = []
                     steps = 0
                     while True:
-                        raw = await ctx.generate(history, sampling, item=item, tools=meta["functions"])
+                        raw = await ctx.generate(
+                            history, sampling, item=item, tools=meta["functions"]
+                        )
                         text, reasoning = lib.split_reasoning(raw)
                         replies.append(text)
                         try:
@@ -196,4 +200,3 @@ def _decoded_steps(replies: list[str]) -> list[list[str]]:
 def _category(entry_id: str) -> str:
     """``live_simple_0-0-0`` -> ``live_simple``; ``simple_python_12`` -> ``simple_python``."""
     return entry_id.rsplit("_", 1)[0]
-

@@ -132,8 +132,10 @@ def qwen_fc_format(messages: list[dict], functions: list[dict]) -> str:
     for idx in range(len(messages) - 1, -1, -1):
         m = messages[idx]
         c = m["content"]
-        if m["role"] == "user" and type(c) is str and not (
-            c.startswith("<tool_response>") and c.endswith("</tool_response>")
+        if (
+            m["role"] == "user"
+            and type(c) is str
+            and not (c.startswith("<tool_response>") and c.endswith("</tool_response>"))
         ):
             last_query = idx
             break
@@ -191,9 +193,7 @@ def load_category(category: str) -> list[dict]:
     )
 
     entries = load_dataset_entry(category, include_prereq=False)
-    plain = load_dataset_entry(
-        category, include_prereq=False, include_language_specific_hint=False
-    )
+    plain = load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
     answers = None if is_relevance_or_irrelevance(category) else load_ground_truth_entry(category)
     for i, entry in enumerate(entries):
         if plain[i]["id"] != entry["id"]:
