@@ -73,8 +73,8 @@ def test_results_files_rescoring_and_compare(tmp_path, capsys):
     assert last["suites"]["gpqa_diamond"]["metrics"]["avg@2"] == 0.5
     # compare: B - A = +0.5 on every paired problem set; the interval brackets it
     assert main(["eval", "--compare", str(a_dir / "results.json"), str(b_dir / "results.json"), "--json"]) == 0
-    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["suites"][0]
-    assert row["diff"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["problems"] == 12
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["columns"]["GPQA-Diamond"]
+    assert row["value"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["clusters"] == 12
 
 
 def test_a_failed_run_leaves_no_results_json(tmp_path):

@@ -32,7 +32,7 @@ from typing import Any
 
 __all__ = ["MODEL", "MAX_STEPS", "NON_LIVE", "LIVE", "MULTI_TURN", "ALL", "ADDITIONAL",
            "split_reasoning", "extract_tool_calls", "decode_ast", "decode_execute",
-           "is_empty_execute", "qwen_fc_format", "load_category", "single_turn_verdict",
+           "is_empty_execute", "qwen_fc_format", "load_category", "category_sizes", "single_turn_verdict",
            "aggregate"]  # fmt: skip
 
 MODEL = "Qwen/Qwen3-4B-Instruct-2507-FC"  # the reference's handle (underscore_to_dot False)
@@ -202,6 +202,16 @@ def load_category(category: str) -> list[dict]:
         if answers is not None:  # aligned by index, as eval_runner aligns them
             entry["ground_truth"] = answers[i]["ground_truth"]
     return entries
+
+
+def category_sizes() -> dict[str, int]:
+    """Entries per category (lines of the package's data files): what a category not
+    evaluated weighs in BFCL's sections."""
+    import importlib.resources
+
+    root = importlib.resources.files("bfcl_eval") / "data"
+    return {c: sum(1 for line in (root / f"BFCL_v4_{c}.json").read_text().splitlines() if line.strip())
+            for c in ALL}  # fmt: skip
 
 
 # --- single-turn verdict (runs in a checker process) ---------------------------------------
