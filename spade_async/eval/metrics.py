@@ -11,8 +11,18 @@ import numpy as np
 
 from spade_async.eval.types import Sample
 
-__all__ = ["pass_at_k", "suite_metrics", "paired_bootstrap", "per_problem", "Column",
-           "column", "column_value", "bootstrap", "PAPER_COLUMNS", "COMPOSITE"]
+__all__ = [
+    "pass_at_k",
+    "suite_metrics",
+    "paired_bootstrap",
+    "per_problem",
+    "Column",
+    "column",
+    "column_value",
+    "bootstrap",
+    "PAPER_COLUMNS",
+    "COMPOSITE",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -131,8 +131,10 @@ def compare(a: Path, b: Path, *, as_json: bool = False, iters: int = 10_000) -> 
         t.caption = f"composite (mean of {', '.join(COMPOSITE)}): not every one in both runs"
     unpaired = {n: r["unpaired"] for n, r in rows.items() if r.get("unpaired")}
     if unpaired:
-        t.caption = (t.caption or "") + "; problems in one run only (left out): " + ", ".join(
-            f"{n} {k}" for n, k in unpaired.items()
+        t.caption = (
+            (t.caption or "")
+            + "; problems in one run only (left out): "
+            + ", ".join(f"{n} {k}" for n, k in unpaired.items())
         )
     Console(file=sys.stderr if as_json else sys.stdout).print(t)
     if as_json:

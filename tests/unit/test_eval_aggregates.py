@@ -8,19 +8,31 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from spade_async.eval.metrics import COMPOSITE, PAPER_COLUMNS, Column, bootstrap, column_value
-from spade_async.eval.metrics import suite_metrics
+from spade_async.eval.metrics import (
+    COMPOSITE,
+    PAPER_COLUMNS,
+    Column,
+    bootstrap,
+    column_value,
+    suite_metrics,
+)
 from spade_async.eval.types import Results, Sample, Sampling, SuiteResult
 
 
-def sample(pid: str, score: float, k: int = 0, extracted: str | None = None, prompt: str = "") -> Sample:
+def sample(
+    pid: str, score: float, k: int = 0, extracted: str | None = None, prompt: str = ""
+) -> Sample:
     return Sample(id=pid, sample=k, prompt=prompt or f"question {pid.split('/')[0]}", completion="",
                   answer="", extracted=extracted, score=score)  # fmt: skip
 
 
 def rg_run(winning_tasks: set[int]) -> list[Sample]:
     """4 tasks x 8 episodes; a task's episodes all win or all lose (they share a generator)."""
-    return [sample(f"task{t}/{e}", 1.0 if t in winning_tasks else 0.0) for t in range(4) for e in range(8)]
+    return [
+        sample(f"task{t}/{e}", 1.0 if t in winning_tasks else 0.0)
+        for t in range(4)
+        for e in range(8)
+    ]
 
 
 def test_rg_interval_resamples_tasks_not_episodes():
@@ -72,7 +84,9 @@ def test_composite_is_the_mean_of_the_eight_columns_with_a_joint_interval():
     lo, hi = comp["ci95"]
     assert lo < comp["value"] < hi
     # the mean of 8 independent columns is tighter than any one column's interval
-    assert hi - lo < min(r["ci95"][1] - r["ci95"][0] for k, r in rows.items() if k != "composite" and r["value"] < 1)
+    assert hi - lo < min(
+        r["ci95"][1] - r["ci95"][0] for k, r in rows.items() if k != "composite" and r["value"] < 1
+    )
     assert bootstrap({k: cols[k] for k in COMPOSITE[:7]}, COMPOSITE).get("composite") is None
 
 
@@ -127,7 +141,7 @@ def test_compare_cli_reports_columns_and_composite(tmp_path, capsys):
     from spade_async.eval.cli import main
 
     a_runs, b_runs = {}, {}
-    for i, label in enumerate(COMPOSITE):
+    for _i, label in enumerate(COMPOSITE):
         suite = PAPER_COLUMNS[label]
         ids = [f"t{j}/0" if suite.startswith("rg_") else f"p{j}" for j in range(6)]
         a_runs[suite] = [sample(pid, 0.0) for pid in ids]
@@ -153,3 +167,58 @@ def test_compare_cli_names_a_content_mismatch(tmp_path):
     assert r.returncode == 2
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and "problem 'p1' has a different prompt" in lines[0], r.stderr
+
+
+def test_paper_preset_runs_the_table_and_prints_the_composite(tmp_path, monkeypatch, capsys):
+    """--paper evaluates exactly the paper's ten columns; the composite of the eight comes with
+    its interval (generation replaced by saved hand-made samples)."""
+    from spade_async.eval import cli
+
+    asked = {}
+
+    async def fake_generate(args, names, out, data):
+        asked["names"] = names
+        runs = {PAPER_COLUMNS[label]: [sample(f"t{j}/0" if "rg" in label else f"p{j}", float(j < 3))
+                                       for j in range(4)] for label in COMPOSITE}  # fmt: skip
+        runs["bfcl_v4"] = [sample("simple_python_0", 1.0), sample("multi_turn_base_0", 0.0)]
+        runs["acebench_agent"] = ace_run(10, 15)
+        return msgspec.json.decode(_write_run(out, runs).read_bytes(), type=Results)
+
+    monkeypatch.setattr(cli, "_generate", fake_generate)
+    monkeypatch.setattr(cli, "_check_data", lambda names, data: None)
+    assert cli.main(["m", "--paper", "--out", str(tmp_path / "o"), "--json"]) == 0
+    assert asked["names"] == list(PAPER_COLUMNS.values()) and len(asked["names"]) == 10
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    comp = rec["paper"]["composite"]
+    assert comp["value"] == 0.75 and comp["columns"] == COMPOSITE
+    assert comp["ci95"][0] <= 0.75 <= comp["ci95"][1]
+    assert rec["paper"]["ACEBench-A"]["value"] == 0.5  # (10/20 + 15/30) / 2
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["m", "--paper", "--suites", "aime25", "--out", "x"], "drop --suites"),
+    (["m", "--paper"], "--paper needs --out"),
+    (["m", "--suites", "aime_25"], "did you mean 'aime25'"),
+])  # fmt: skip
+def test_paper_and_suite_usage_errors_are_one_line(argv, needle):
+    from spade_async.errors import SpadeError
+    from spade_async.eval.cli import main
+
+    with pytest.raises(SpadeError, match=needle):
+        main(argv)
+
+
+def test_responses_of_another_suite_name_file_line_and_field(tmp_path):
+    import subprocess
+    import sys
+
+    from spade_async.eval.runner import write_samples
+
+    path = tmp_path / "aime25.jsonl"
+    write_samples(path, [sample("aime25-1", 1.0)])  # an AIME id, re-scored as aime24
+    path.write_text("\n" + path.read_text())  # a blank first line: the sample is on line 2
+    r = subprocess.run([sys.executable, "-m", "spade_async.cli", "eval", "--responses", str(path),
+                        "--suites", "aime24"], capture_output=True, text=True)  # fmt: skip
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert f"{path}:2: field 'id' = 'aime25-1' is not a problem of suite aime24" in lines[0]

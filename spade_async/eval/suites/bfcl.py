@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
@@ -99,7 +98,7 @@ class BFCL(Suite):
         if set(self.categories) >= set(lib.NON_LIVE + lib.LIVE):
             out |= {m: agg[m] for m in ("overall", "non_live", "live", "irrelevance")}
         out["multi_turn"] = agg["multi_turn"]
-        out |= {c: acc.get(c, math.nan) for c in self.categories}
+        out |= {c: acc[c] for c in self.categories if c in acc}  # those evaluated
         return out | super().metrics(samples, k)
 
     async def play(self, item: Item, k: int, sampling: Sampling, ctx: Context) -> Sample:
