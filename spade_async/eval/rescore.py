@@ -24,16 +24,6 @@ async def _no_generation(*_a, **_k) -> str:
     raise SpadeError("re-scoring never generates")
 
 
-def _line_of(path: Path, index: int) -> int:
-    """The file line of the ``index``-th sample (``load_samples`` skips blank lines)."""
-    seen = -1
-    for n, line in enumerate(path.read_bytes().splitlines(), 1):
-        seen += bool(line.strip())
-        if seen == index:
-            return n
-    return 0
-
-
 async def rescore(path: Path, names: list[str], out: Path | None, data: dict[str, str]) -> Results:
     if len(names) != 1:
         raise SpadeError("--responses re-scores one suite: name it with --suites SUITE")
@@ -45,13 +35,9 @@ async def rescore(path: Path, names: list[str], out: Path | None, data: dict[str
     t0 = time.perf_counter()
     saved = load_samples(path)
     items = {i.id: i for i in suite.load(0)}
-    unknown = next((n for n, s in enumerate(saved) if s.id not in items), None)
-    if unknown is not None:
-        line = _line_of(path, unknown)
-        raise SpadeError(
-            f"{path}:{line}: field 'id' = {saved[unknown].id!r} is not a problem of suite "
-            f"{suite.name} (a responses file of another suite? name its suite with --suites)"
-        )
+    unknown = sorted({s.id for s in saved} - set(items))
+    if unknown:
+        raise SpadeError(f"{path}: ids not in suite {suite.name}: {', '.join(unknown[:3])}")
     with Checker() as checker:
         async with EnvPool(EVAL_POOL) as pool, contextlib.AsyncExitStack() as stack:
             package_pool = await open_package_pool([suite], stack)

@@ -206,19 +206,3 @@ def test_paper_and_suite_usage_errors_are_one_line(argv, needle):
 
     with pytest.raises(SpadeError, match=needle):
         main(argv)
-
-
-def test_responses_of_another_suite_name_file_line_and_field(tmp_path):
-    import subprocess
-    import sys
-
-    from spade_async.eval.runner import write_samples
-
-    path = tmp_path / "aime25.jsonl"
-    write_samples(path, [sample("aime25-1", 1.0)])  # an AIME id, re-scored as aime24
-    path.write_text("\n" + path.read_text())  # a blank first line: the sample is on line 2
-    r = subprocess.run([sys.executable, "-m", "spade_async.cli", "eval", "--responses", str(path),
-                        "--suites", "aime24"], capture_output=True, text=True)  # fmt: skip
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert f"{path}:2: field 'id' = 'aime25-1' is not a problem of suite aime24" in lines[0]
