@@ -26,6 +26,7 @@ import json
 
 from spade_async.envs.pool import EnvError
 from spade_async.errors import SpadeError
+from spade_async.eval.checker import CheckTimeout
 from spade_async.eval.suites import bfcl_lib as lib
 from spade_async.eval.suites.base import Context, Suite, fresh_instance
 from spade_async.eval.suites.bfcl_env import PACKAGES, SOURCE
@@ -112,8 +113,11 @@ class BFCL(Suite):
         meta = item.meta
         messages = [dict(m) for m in meta["question"][0]]
         reply = await ctx.generate(messages, sampling, item=item, tools=meta["functions"])
-        v = await ctx.checker.call(lib.single_turn_verdict, meta["category"],
-                                   meta["plain_functions"], meta.get("ground_truth"), reply)  # fmt: skip
+        try:
+            v = await ctx.checker.call(lib.single_turn_verdict, meta["category"],
+                                       meta["plain_functions"], meta.get("ground_truth"), reply)  # fmt: skip
+        except CheckTimeout as exc:  # the checker on a pathological reply: a wrong answer
+            v = {"valid": False, "error_type": f"checker: {exc}", "decoded": None}
         return Sample(
             id=item.id, sample=k, prompt=json.dumps(meta["question"]), completion=reply,
             answer=item.answer, extracted=v["decoded"], score=1.0 if v["valid"] else 0.0,
