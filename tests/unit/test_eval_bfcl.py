@@ -355,3 +355,33 @@ def test_multi_turn_dialogues_equal_bfcl_eval(played, name, turns, human, error)
     if not human:
         assert ref["error"]["error_type"] == error
         assert sample.error == error
+
+
+def test_hostile_calls_run_only_in_the_sandbox(tmp_path):
+    """A call "name" that is code (bfcl-eval eval()s call strings): it runs in the episode's
+    sandbox worker, never here; a shell is refused there, an exit ends only that worker."""
+    import contextlib
+
+    from spade_async.eval.runner import open_episode_pools
+    from spade_async.eval.suites import Context
+
+    marker = tmp_path / "pwned"
+    suite = make_suite("bfcl_v4_multi_turn")
+    item = next(i for i in suite.load(0) if i.id == "multi_turn_base_0")
+    hostile = {
+        "system": f"__import__('os').system('touch {marker}') or ls",
+        "exit": "__import__('os')._exit(3) or ls",
+    }
+    out = {}
+
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            pools = await open_episode_pools([suite], stack)
+            for name, fn in hostile.items():
+                ctx = Context(Script([[call(fn)], *GOLD_0[1:]]), None, None, None, episode_pools=pools)
+                out[name] = await suite.play(item, 0, suite.sampling, ctx)
+
+    anyio.run(main)
+    assert not marker.exists()
+    assert all(s.score == 0.0 for s in out.values()), {k: s.error for k, s in out.items()}
+    assert out["exit"].error.startswith("sandbox:"), out["exit"].error
