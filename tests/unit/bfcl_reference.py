@@ -19,12 +19,16 @@ import types
 MODEL = "Qwen/Qwen3-4B-Instruct-2507-FC"
 
 
+_STUBS: list[str] = []
+
+
 def _stub(name: str, **attrs) -> None:
     if name in sys.modules or importlib.util.find_spec(name.split(".")[0]) is not None:
         return  # the real module is there: use it
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
     sys.modules[name] = mod
+    _STUBS.append(name)
 
 
 def _missing(*_a, **_k):
@@ -56,8 +60,13 @@ def load() -> types.SimpleNamespace:
 
     bfcl_lib._ast_checker()  # the model_config stand-in (the reference's handle only)
     mc = sys.modules["bfcl_eval.constants.model_config"]
-    from bfcl_eval.eval_checker import eval_runner, eval_runner_helper
-    from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+    try:
+        from bfcl_eval.eval_checker import eval_runner, eval_runner_helper
+        from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+    finally:  # the imports hold what they took; nothing else in this process sees a stand-in
+        for name in _STUBS:
+            sys.modules.pop(name, None)
+        _STUBS.clear()
 
     cfg = mc.MODEL_CONFIG_MAPPING[MODEL]  # the fields of the real entry the reports read
     cfg.__dict__.update(model_handler=QwenFCHandler, display_name="Qwen3-4B-Instruct-2507 (FC)",
