@@ -4,6 +4,7 @@ spade eval MODEL_OR_RUN_DIR --suites aime25,humaneval --n 4 --limit 30 --out DIR
 spade eval MODEL --base-url http://127.0.0.1:30000 --suites rg_logic --out DIR
 spade eval --responses DIR/aime25.jsonl --suites aime25 --out DIR2
 spade eval --compare A/results.json B/results.json
+spade eval MODEL --paper --data gpqa_diamond=F --data livecodebench=D --data acebench_agent=D --out DIR
 spade eval MODEL --suites acebench_agent --data acebench_agent=ACEBench --user-sim URL
 """
 
@@ -19,7 +20,8 @@ import anyio
 import msgspec
 
 from spade_async.errors import UsageError
-from spade_async.eval.report import compare, print_table
+from spade_async.eval.metrics import PAPER_COLUMNS
+from spade_async.eval.report import compare, print_summary, print_table, summary
 from spade_async.eval.suites import SHIPPED, SUITES, make_suite
 from spade_async.eval.types import Results
 
@@ -30,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spade eval", description=__doc__.split("\n\n")[0])
     p.add_argument("target", nargs="?", help="embedded model name, Hugging Face dir or run dir")
     p.add_argument("--suites", default="", help=f"comma-separated: {', '.join(SUITES)}")
+    p.add_argument("--paper", action="store_true",
+                   help="the paper's table: its 8 held-out columns (their mean is the composite, "
+                        "printed with a bootstrap interval), BFCL-v4 and ACEBench-Agent")  # fmt: skip
     p.add_argument("--n", type=int, default=0, help="samples per problem (0 = suite default)")
     p.add_argument("--limit", type=int, default=0, help="problems per suite (0 = all)")
     p.add_argument("--max-tokens", type=int, default=0, help="new tokens (0 = suite default)")
@@ -67,6 +72,16 @@ def main(argv: list[str]) -> int:
     if args.compare:
         return compare(Path(args.compare[0]), Path(args.compare[1]), as_json=args.json)
     names = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if args.paper:
+        if names:
+            raise UsageError("--paper runs the paper's table itself: drop --suites")
+        if args.responses:
+            raise UsageError("--paper generates: re-score one suite with --responses --suites S")
+        if not args.out:
+            raise UsageError(
+                "--paper needs --out DIR: the composite's interval is drawn from the saved samples"
+            )
+        names = list(PAPER_COLUMNS.values())
     if not names:
         raise UsageError("--suites is empty: name at least one suite, e.g. --suites aime25")
     for name in names:
@@ -88,14 +103,24 @@ def main(argv: list[str]) -> int:
     else:
         if not args.target:
             raise UsageError("name a model or run directory to evaluate (or --responses/--compare)")
-        for name in names:  # user-file suites: a missing file fails before any engine starts
-            if name not in SHIPPED:
-                make_suite(name, data).load(1)
+        _check_data(names, data)
         res = anyio.run(_generate, args, names, out, data)
     print_table(res)
+    record = msgspec.to_builtins(res)
+    if args.paper:
+        rows = summary(res, out / "results.json")
+        print_summary(rows)
+        record["paper"] = rows
     if args.json:
-        sys.stdout.write(msgspec.json.encode(res).decode() + "\n")
+        sys.stdout.write(msgspec.json.encode(record).decode() + "\n")
     return 0
+
+
+def _check_data(names: list[str], data: dict[str, str]) -> None:
+    """User-file suites: a missing or malformed file fails before any engine starts."""
+    for name in names:
+        if name not in SHIPPED:
+            make_suite(name, data).load(1)
 
 
 def _engine_config(target: str, threads: int):

@@ -24,9 +24,14 @@ class ClientGenerator:
         self.requests = 0
 
     async def __call__(
-        self, messages: list[dict], sampling: Sampling, *, item: Item | None = None
-    ) -> str:
-        ids = render_prompt(self.tokenizer, messages)
+        self, messages: list[dict], sampling: Sampling, *, item: Item | None = None,
+        tools: list[dict] | None = None,
+    ) -> str:  # fmt: skip
+        ids = (
+            render_prompt(self.tokenizer, messages)
+            if tools is None
+            else self._with_tools(messages, tools)
+        )
         params = SamplingParams(
             max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
             top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
@@ -34,6 +39,18 @@ class ClientGenerator:
         self.requests += 1
         out = await self.client.generate(ids, params, return_logprob=False)
         return out.text
+
+    def _with_tools(self, messages: list[dict], tools: list[dict]) -> list[int]:
+        """Tools through the model's own chat template; a template without tool support gets
+        BFCL's QwenFCHandler formatting (ChatML with a ``<tools>`` system block) instead, so
+        the model sees the functions either way."""
+        template = self.tokenizer.chat_template or ""
+        if "tools" in template:
+            return render_prompt(self.tokenizer, messages, tools=tools)
+        from spade_async.eval.suites.bfcl_lib import qwen_fc_format
+
+        text = qwen_fc_format(messages, tools)
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
 
 def resolve_target(target: str) -> tuple[Path, str, int | None]:

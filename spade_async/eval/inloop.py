@@ -27,20 +27,33 @@ from spade_async.eval.types import EvalConfig, Results
 if TYPE_CHECKING:
     from spade_async.loop.runtime import Runtime
 
-__all__ = ["evaluator", "due", "record", "check"]
+__all__ = ["evaluator", "due", "late", "record", "check"]
 
 POLL_S = 1.0
 
 
 def due(cfg: EvalConfig, version: int, last: int | None) -> bool:
-    """Whether ``version`` should be evaluated, given the last evaluated version."""
-    if not cfg.interval and not cfg.before_train:
-        return False
+    """Whether ``version`` should be evaluated, given the last evaluated version: version 0
+    with ``before_train``; later, when an interval boundary lies in ``(last, version]``. A
+    boundary that passed while an evaluation was running (or between two polls) is thus
+    evaluated late, at the version the loop finds, never skipped (``late`` says which)."""
     if version == last:
         return False
     if version == 0:
         return cfg.before_train
-    return cfg.interval > 0 and version % cfg.interval == 0
+    if cfg.interval <= 0:
+        return False
+    return version // cfg.interval > (last or 0) // cfg.interval
+
+
+def late(cfg: EvalConfig, version: int, last: int | None) -> list[int]:
+    """The interval boundaries in ``(last, version)`` that ``version`` is evaluated for
+    instead (empty when ``version`` is itself the boundary it was due at)."""
+    if cfg.interval <= 0 or version == 0:
+        return []
+    first = (last or 0) // cfg.interval + 1
+    return [b * cfg.interval for b in range(first, version // cfg.interval + 1)
+            if b * cfg.interval != version]  # fmt: skip
 
 
 def record(res: Results, start: int, end: int) -> dict[str, Any]:
@@ -59,10 +72,17 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
     if not cfg.interval and not cfg.before_train:
         return
     generate = ClientGenerator(rt.client, rt.tokenizer)
-    last: int | None = None
+    # a resumed run: boundaries before its first version were the earlier process's
+    last: int | None = rt.state.version - 1 if rt.state.version > 0 else None
     while not stop.is_set():
         version = rt.state.version
         if due(cfg, version, last):
+            passed = late(cfg, version, last)
+            if passed:  # said once, in the log and metrics.jsonl, never silently skipped
+                rt.tel.log(rt.state.step, {"level": "warning", "message": (
+                    f"eval: interval boundary {', '.join(f'v{b}' for b in passed)} passed while "
+                    f"the previous evaluation ran; evaluating v{version} for it (eval/due_version)"
+                )}, kind="event")  # fmt: skip
             last = version
             out = rt.run_dir.root / "eval" / f"v{version}"
             out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +92,10 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
                 policy_version=version, data=dict(cfg.data),
                 overrides=dict(cfg.overrides),
             )  # fmt: skip
-            rec = rt.tel.log(rt.state.step, record(res, version, rt.state.version), kind="eval")
+            values = record(res, version, rt.state.version)
+            if passed:
+                values |= {"eval/due_version": passed[-1], "eval/boundaries_folded": len(passed)}
+            rec = rt.tel.log(rt.state.step, values, kind="eval")
             for sink in getattr(rt.tel, "sinks", []):  # TensorBoard / W&B take step records
                 sink.write(rec)
         await anyio.sleep(POLL_S)  # versions change once per train step (seconds to minutes)

@@ -25,7 +25,7 @@ from spade_async.eval.types import Item, Results, Sample, Sampling, SuiteResult
 from spade_async.rundir import write_atomic
 
 __all__ = ["evaluate", "settings_for", "write_samples", "summarize", "EVAL_POOL",
-           "open_package_pool"]  # fmt: skip
+           "open_package_pool", "open_episode_pools"]  # fmt: skip
 
 # one fresh worker per code sample / BFCL episode; the call timeout is the per-test timeout
 EVAL_POOL = PoolConfig(max_workers=8, prewarm=2, call_timeout_s=10.0, open_timeout_s=30.0)
@@ -45,6 +45,22 @@ async def open_package_pool(
         EVAL_POOL, packages=packages, max_workers=PACKAGE_WORKERS, memory_mb=2048
     )
     return await stack.enter_async_context(EnvPool(cfg))
+
+
+async def open_episode_pools(
+    suites: list[Suite], stack: contextlib.AsyncExitStack
+) -> dict[str, tuple[EnvPool, anyio.CapacityLimiter]]:
+    """A pool per suite whose episodes import a library (``Suite.episode_packages``: BFCL's
+    multi-turn episodes run bfcl-eval's executor and checker), with a slot per worker: an
+    episode holds its worker for the whole dialogue, so none waits into 'busy'."""
+    out = {}
+    for s in suites:
+        if s.episode_packages:
+            cfg = msgspec.structs.replace(EVAL_POOL, packages=tuple(s.episode_packages),
+                                          memory_mb=2048, prewarm=0)  # fmt: skip
+            pool = await stack.enter_async_context(EnvPool(cfg))
+            out[s.name] = (pool, anyio.CapacityLimiter(cfg.max_workers))
+    return out
 
 
 def settings_for(
@@ -130,7 +146,8 @@ async def evaluate(
         if pool is None and any(s.needs_pool for s in suites):
             pool = await stack.enter_async_context(EnvPool(EVAL_POOL))
         ctx = Context(generate, checker, pool, policy_version,
-                      package_pool=await open_package_pool(suites, stack))  # fmt: skip
+                      package_pool=await open_package_pool(suites, stack),
+                      episode_pools=await open_episode_pools(suites, stack))  # fmt: skip
 
         async def run_suite(suite: Suite, items: list[Item]) -> None:
             extra = (overrides or {}).get(suite.name)

@@ -73,7 +73,7 @@ class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     suites: Doc(list[str], "suite names (see `spade eval --help`)") = msgspec.field(
         default_factory=lambda: ["aime25"]
     )
-    n: Doc(int, "samples per problem; 0 = each suite's default") = 1
+    n: Doc(int, "samples per problem; 0 = each suite's default (as max_tokens)") = 0
     limit: Doc(int, "problems per suite; 0 = all") = 0
     max_tokens: Doc(int, "new tokens per completion; 0 = each suite's default") = 0
     before_train: Doc(bool, "also evaluate the initial policy (version 0)") = False

@@ -11,15 +11,8 @@ def gold_reply(item, messages) -> str:
     """The reply a perfect model gives, in each suite's answer format."""
     if "mile_stone" in item.meta:  # ACEBench agent: replay the gold milestones, then finish
         return _ace_gold(item, messages)
-    if "ground_truth" in item.meta:  # BFCL: the turn's gold calls, then a plain reply
-        turn = sum(1 for m in messages if m["role"] == "user") - 1
-        if messages[-1]["role"] == "tool" or not item.meta["ground_truth"][turn]:
-            return "Done."
-        calls = [parse_call(c) for c in item.meta["ground_truth"][turn]]
-        return "".join(
-            f"<tool_call>{json.dumps({'name': n, 'arguments': kw})}</tool_call>"
-            for n, args, kw in (_named(c, item) for c in calls)
-        )
+    if "plain_functions" in item.meta:  # BFCL
+        return _bfcl_gold(item, messages)
     if "canonical" in item.meta:
         return f"Here it is.\n```python\n{item.meta['canonical']}```"
     if "task" in item.meta:
@@ -27,11 +20,51 @@ def gold_reply(item, messages) -> str:
     return f"So the result is \\boxed{{{item.answer}}}."
 
 
+def _tool_calls(calls) -> str:
+    """QwenFCHandler's reply format: one ``<tool_call>\\n{json}\\n</tool_call>`` per call."""
+    return "\n".join(
+        f"<tool_call>\n{json.dumps({'name': n, 'arguments': kw})}\n</tool_call>" for n, kw in calls
+    )
+
+
+def _bfcl_gold(item, messages) -> str:
+    meta = item.meta
+    if meta["category"].startswith("multi_turn"):  # the turn's gold calls, then a plain reply
+        turn = sum(1 for m in messages if m["role"] == "user") - 1
+        if messages[-1]["role"] == "tool" or not meta["ground_truth"][turn]:
+            return "Done."
+        calls = [_named(parse_call(c), item) for c in meta["ground_truth"][turn]]
+        return _tool_calls((n, kw) for n, _, kw in calls)
+    if "irrelevance" in meta["category"]:
+        return "None of these functions fits the request."
+    if "relevance" in meta["category"]:
+        return _tool_calls([(meta["functions"][0]["name"], {})])
+    as_text = meta["category"] in ("simple_java", "simple_javascript")  # typed as strings
+    return _tool_calls(
+        (name, _first(args, as_text))
+        for call in meta["ground_truth"]
+        for name, args in call.items()
+    )
+
+
+def _first(args: dict, as_text: bool) -> dict:
+    """The first accepted value of every parameter ("" = may be omitted), nested dicts too."""
+    out = {}
+    for p, values in args.items():
+        v = values[0] if values else ""
+        if v == "":
+            continue
+        v = _first(v, False) if isinstance(v, dict) else v
+        out[p] = json.dumps(v) if as_text and not isinstance(v, str) else v
+    return out
+
+
 def _named(call, item):
     """Positional gold arguments -> keyword arguments, by the function doc's order."""
     name, args, kwargs = call
     if args:
-        doc = next(d for d in item.meta["functions"] if d["name"] == name)
+        docs = item.meta["functions"] + [d for m in item.meta.get("missed", {}).values() for d in m]
+        doc = next(d for d in docs if d["name"] == name)
         params = list(doc["parameters"]["properties"])
         kwargs = dict(zip(params, args, strict=False)) | kwargs
     return name, [], kwargs
@@ -52,7 +85,9 @@ def _ace_gold(item, messages) -> str:
 def wrong_reply(item, messages) -> str:
     if "mile_stone" in item.meta:
         return "finish conversation"
-    if "ground_truth" in item.meta:
+    if "plain_functions" in item.meta:  # BFCL: a call where none is wanted, else none
+        if "irrelevance" in item.meta["category"]:
+            return _tool_calls([(item.meta["functions"][0]["name"], {})])
         return "I cannot help with that."
     if "canonical" in item.meta:
         return "```python\ndef nothing():\n    return None\n```"
@@ -65,6 +100,6 @@ class Scripted:
     def __init__(self, reply) -> None:
         self.reply, self.calls = reply, 0
 
-    async def __call__(self, messages, sampling, *, item=None) -> str:
+    async def __call__(self, messages, sampling, *, item=None, tools=None) -> str:
         self.calls += 1
         return self.reply(item, messages)

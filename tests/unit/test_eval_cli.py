@@ -89,8 +89,8 @@ def test_results_files_rescoring_and_compare(tmp_path, capsys):
         )
         == 0
     )
-    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["suites"][0]
-    assert row["diff"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["problems"] == 12
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["columns"]["GPQA-Diamond"]
+    assert row["value"] == 0.5 and row["ci95"][0] <= 0.5 <= row["ci95"][1] and row["clusters"] == 12
 
 
 def test_a_failed_run_leaves_no_results_json(tmp_path):

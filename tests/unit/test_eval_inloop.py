@@ -13,12 +13,36 @@ from spade_async.eval import inloop
 from spade_async.eval.types import EvalConfig
 
 
+def _polled(cfg, versions):
+    """The versions an evaluator polling ``versions`` evaluates, with the boundaries late."""
+    last, out = None, []
+    for v in versions:
+        if inloop.due(cfg, v, last):
+            out.append((v, inloop.late(cfg, v, last)))
+            last = v
+    return out
+
+
 def test_due():
     cfg = EvalConfig(interval=3, before_train=True)
-    assert [v for v in range(10) if inloop.due(cfg, v, None)] == [0, 3, 6, 9]
+    assert _polled(cfg, range(10)) == [(0, []), (3, []), (6, []), (9, [])]
     assert not inloop.due(cfg, 3, 3)
-    assert [v for v in range(5) if inloop.due(EvalConfig(interval=2), v, None)] == [2, 4]
-    assert not any(inloop.due(EvalConfig(), v, None) for v in range(5))
+    assert [v for v, _ in _polled(EvalConfig(interval=2), range(5))] == [2, 4]
+    assert _polled(EvalConfig(), range(5)) == []
+    # a long evaluation at v3: the loop next sees v7, then v8; boundaries 6 passed meanwhile
+    assert _polled(cfg, [0, 3, 7, 8, 9, 13]) == [(0, []), (3, []), (7, [6]), (9, []), (13, [12])]
+    # an evaluation spanning two boundaries folds both into one (both named)
+    assert _polled(EvalConfig(interval=2), [2, 7]) == [(2, []), (7, [4, 6])]
+
+
+def test_eval_n_default_is_each_suites_default():
+    from spade_async.eval.runner import settings_for
+    from spade_async.eval.suites import make_suite
+
+    cfg = EvalConfig()
+    assert cfg.n == 0  # the doc: "0 = each suite's default"
+    assert settings_for(make_suite("aime25"), n=cfg.n).n == 64
+    assert settings_for(make_suite("aime25"), n=1).n == 1
 
 
 def test_per_suite_overrides_win():
@@ -158,3 +182,51 @@ def test_dashboard_panel_shows_eval_curves():
     con.print(render(st, "run"))
     text = con.export_text()
     assert "held-out evaluation" in text and "aime25/avg@1 v4" in text
+
+
+def test_a_boundary_passed_during_a_long_evaluation_is_evaluated_late_and_logged(tmp_path, monkeypatch):
+    """interval 2; the v2 evaluation lasts while training reaches v5: the v4 boundary is not
+    skipped: v5 is evaluated for it, with a warning event and eval/due_version = 4."""
+    rows = [{"Question": "Q?", "Correct Answer": "yes", "Incorrect Answer 1": "a",
+             "Incorrect Answer 2": "b", "Incorrect Answer 3": "c"}]  # fmt: skip
+    data = tmp_path / "gpqa.jsonl"
+    data.write_text(json.dumps(rows[0]) + "\n")
+    cfg = EvalConfig(interval=2, suites=["gpqa_diamond"], n=1, data={"gpqa_diamond": str(data)})
+    rt = SimpleNamespace(
+        cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None, pool=None,
+        tel=_Tel(), state=SimpleNamespace(version=0, step=0), run_dir=SimpleNamespace(root=tmp_path),
+    )  # fmt: skip
+
+    class Slow:
+        def __init__(self, client, tokenizer):
+            pass
+
+        async def __call__(self, messages, sampling, *, item=None, tools=None):
+            if rt.state.version == 2:  # the v2 evaluation: training advances meanwhile
+                for v in (3, 4, 5):
+                    await anyio.sleep(0.05)
+                    rt.state.version = rt.state.step = v
+            return f"\\boxed{{{item.answer}}}"
+
+    monkeypatch.setattr(inloop, "ClientGenerator", Slow)
+    monkeypatch.setattr(inloop, "POLL_S", 0.01)
+
+    async def main():
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(inloop.evaluator, rt, stop)
+            await anyio.sleep(0.05)
+            rt.state.version = rt.state.step = 2
+            for _ in range(200):
+                await anyio.sleep(0.02)
+                if sum(kind == "eval" for _, kind, _ in rt.tel.records) >= 2:
+                    break
+            stop.set()
+
+    anyio.run(main)
+    evals = [vals for _, kind, vals in rt.tel.records if kind == "eval"]
+    assert [v["eval/policy_version"] for v in evals] == [2, 5]
+    assert evals[0]["eval/policy_version_end"] == 5 and "eval/due_version" not in evals[0]
+    assert evals[1]["eval/due_version"] == 4 and evals[1]["eval/boundaries_folded"] == 1
+    events = [vals["message"] for _, kind, vals in rt.tel.records if kind == "event"]
+    assert len(events) == 1 and "boundary v4 passed" in events[0] and "evaluating v5" in events[0]

@@ -42,7 +42,10 @@ def test_gold_scores_one_and_wrong_scores_zero_on_every_shipped_suite(tmp_path, 
     categories = ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
                   "multi_turn_long_context"]  # fmt: skip
     assert {r["id"].rsplit("_", 1)[0] for r in rows} == set(categories[:limit])
-    assert all(r["transcript"] and r["transcript"][0]["role"] == "system" for r in rows)
+    # tools reach the model through the chat template (no project system prompt); results as
+    # tool messages
+    assert all(r["transcript"][0]["role"] == "user" for r in rows)
+    assert all(any(m["role"] == "tool" for m in r["transcript"]) for r in rows)
     for name in SHIPPED:
         line = json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[0])
         assert {"id", "prompt", "completion", "answer", "extracted", "score"} <= set(line)
@@ -142,9 +145,9 @@ def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():
     from spade_async.envs.pool import PoolConfig
 
     class Slow(Scripted):
-        async def __call__(self, messages, sampling, *, item=None) -> str:
+        async def __call__(self, messages, sampling, *, item=None, tools=None) -> str:
             await anyio.sleep(0.4)
-            return await super().__call__(messages, sampling, item=item)
+            return await super().__call__(messages, sampling, item=item, tools=tools)
 
     config = PoolConfig(max_workers=3, prewarm=1, call_timeout_s=10.0, open_timeout_s=30.0,
                         capacity_wait_s=1.0)  # fmt: skip
@@ -163,7 +166,9 @@ def test_equal_code_samples_each_get_a_worker_of_their_own():
     worker, so one finishing (its worker released) never kills another mid-test."""
 
     async def main():
-        return await evaluate(["humaneval"], Scripted(gold_reply), out=None, model="g", limit=2, n=4)
+        return await evaluate(
+            ["humaneval"], Scripted(gold_reply), out=None, model="g", limit=2, n=4
+        )
 
     res = anyio.run(main)
     assert res.suites["humaneval"].metrics["avg@4"] == 1.0

