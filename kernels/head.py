@@ -251,7 +251,9 @@ class PolicyHead(torch.autograd.Function):
     """autograd.Function over (hidden_TD, weight_VD): see the module docstring."""
 
     @staticmethod
-    def forward(ctx, hidden_TD, weight_VD, target_T, terms, inv_temp, want_ent, rows, row_pass, needs):
+    def forward(
+        ctx, hidden_TD, weight_VD, target_T, terms, inv_temp, want_ent, rows, row_pass, needs
+    ):
         T, V = hidden_TD.shape[0], weight_VD.shape[0]
         dev, dtype = hidden_TD.device, hidden_TD.dtype
         acc = acc_dtype(dtype)

@@ -71,7 +71,9 @@ def loss_weights(
     mask = mask_T.to(torch.promote_types(mask_T.dtype, torch.float32))
     flat = mask.reshape(-1)
     if agg == "token":
-        denom = flat.sum().clamp(min=1) if loss_scale_denominator is None else loss_scale_denominator
+        denom = (
+            flat.sum().clamp(min=1) if loss_scale_denominator is None else loss_scale_denominator
+        )
         return flat / denom
     ids = _seq_ids(mask_T.shape, mask.device, seq_ids_T, cu_seqlens)
     seq_n_S = flat.new_zeros(flat.numel()).index_add_(0, ids, flat)

@@ -49,7 +49,16 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         "policy (the reference's --ref-load), or the engines' rollout log-probs (no extra memory)",
     ) = "initial"
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
-    activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
+    head: Doc(
+        Literal["fused", "recompute"],
+        "policy head: fused = loss and gradient in one pass over the vocabulary (3 T x V x D "
+        "products); recompute = log-probs, then the loss, logits recomputed in backward (4)",
+    ) = "fused"
+    activation_checkpointing: Doc(
+        Literal["full", "selective", "none"] | bool,
+        "recompute in backward: full = each decoder block; selective = GEMM and attention "
+        "outputs kept, only norms/RoPE/activations recomputed; none; true/false = full/none",
+    ) = "none"
     hsdp: Doc(
         bool, "hybrid sharding: shard within a node, replicate across nodes (a 2-D device mesh)"
     ) = False

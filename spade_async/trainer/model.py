@@ -2,8 +2,11 @@
 
 Legend: T tokens of a micro-batch, D hidden size, V vocabulary size.
 
-``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and the
-fused ``linear_logprob`` against the lm_head weight, so [T, V] logits are never built.
+``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and then
+either the one-pass ``policy_head`` (given ``terms``: the loss and its gradient w.r.t. the
+head in one pass over the vocabulary, ``trainer.head = "fused"``) or the chunked
+``linear_logprob`` (log-probs only; the reference pass, and ``trainer.head = "recompute"``)
+against the lm_head weight, so [T, V] logits are never built.
 FSDP2 (``fully_shard``) wraps each decoder block and then this module as the root: the
 embedding, final norm and (possibly tied) lm_head live in the root group and are unsharded
 for the whole forward, which is where the log-prob head reads the lm_head weight.
@@ -15,11 +18,11 @@ import logging
 from pathlib import Path
 
 import torch
-from spade_kernels import linear_logprob
+from spade_kernels import HeadOut, PolicyTerms, linear_logprob, policy_head
 from torch import nn
 
 from spade_async.errors import ConfigError
-from spade_async.trainer import attention
+from spade_async.trainer import attention, checkpointing
 from spade_async.trainer.config import TrainerConfig
 
 __all__ = [
@@ -52,12 +55,15 @@ class PolicyModel(nn.Module):
         index_K: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int = 0,
+        terms: PolicyTerms | None = None,
     ):
         """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32 (fp64 for an fp64 model).
 
         ``index_K`` restricts the vocab projection to K positions (the loss tokens): the
         others come back as 0 without ever touching the [*, V] head, which is most of the
-        cost when observations and prompts dominate an episode.
+        cost when observations and prompts dominate an episode. With ``terms`` (per-token
+        loss inputs over all T positions) the one-pass head runs instead and this returns
+        ``HeadOut(loss, logprob_T, entropy_T)`` (log-probs/entropy detached, [T]).
         """
         varlen = {}
         if cu_seqlens is not None:  # packed row: varlen attention (flash-attn or ours)
@@ -76,6 +82,8 @@ class PolicyModel(nn.Module):
         )
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
+        if terms is not None:
+            return self._head(hidden_TD, weight_VD, target_T, terms, index_K, return_entropy)
         if index_K is None:
             out = linear_logprob(
                 hidden_TD,
@@ -99,6 +107,32 @@ class PolicyModel(nn.Module):
             zeros_T.index_put((index_K,), t.to(acc)) for t in (out if return_entropy else (out,))
         ]
         return tuple(scatter) if return_entropy else scatter[0]
+
+    def _head(self, hidden_TD, weight_VD, target_T, terms, index_K, return_entropy) -> HeadOut:
+        if index_K is not None:
+            hidden_TD, target_T, terms_K = (
+                hidden_TD[index_K],
+                target_T[index_K],
+                terms.index(index_K),
+            )
+        else:
+            terms_K = terms
+        out = policy_head(
+            hidden_TD,
+            weight_VD,
+            target_T,
+            terms_K,
+            temperature=self.temperature,
+            return_entropy=return_entropy,
+        )
+        if index_K is None:
+            return out
+        n = terms.token_weight_T.shape[0]
+        lp_T = out.logprob_T.new_zeros(n).index_put_((index_K,), out.logprob_T)
+        ent_T = None
+        if out.entropy_T is not None:
+            ent_T = out.entropy_T.new_zeros(n).index_put_((index_K,), out.entropy_T)
+        return HeadOut(out.loss, lp_T, ent_T)
 
 
 def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
@@ -174,10 +208,7 @@ def load_policy(
 
 
 def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
-    if cfg.activation_checkpointing:
-        causal_lm.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+    checkpointing.apply(causal_lm, cfg.activation_checkpointing)
     causal_lm.train()
     return PolicyModel(causal_lm, cfg.temperature)
 

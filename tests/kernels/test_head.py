@@ -51,9 +51,7 @@ def _data(dtype=torch.float32, seed=0, t=T, v=V, d=D):
 
 def _terms(x, opt, agg, dtype=torch.float32, denom=None):
     cast = {k: (v.to(dtype) if v.dtype.is_floating_point else v) for k, v in x.items()}
-    weight = K.loss_weights(
-        cast["mask"], agg, seq_ids_T=x["seq"], loss_scale_denominator=denom
-    )
+    weight = K.loss_weights(cast["mask"], agg, seq_ids_T=x["seq"], loss_scale_denominator=denom)
     return PolicyTerms(
         weight,
         cast["adv"],
@@ -148,15 +146,14 @@ def test_float64_head_is_exact_and_matches_finite_differences(agg):
         assert_close_norm(a, b, 1e-12, "float64 gradient")
 
     # central differences along random directions (independent of any autograd formula)
-    g_h, g_w = torch.autograd.grad(
-        K.policy_head(h, w, y, terms, temperature=0.7).loss, (h, w)
-    )
+    g_h, g_w = torch.autograd.grad(K.policy_head(h, w, y, terms, temperature=0.7).loss, (h, w))
     gen = torch.Generator().manual_seed(11)
     step = 1e-6
     with torch.no_grad():
         for _ in range(3):
-            dh, dw = torch.randn(h.shape, generator=gen, dtype=h.dtype), torch.randn(
-                w.shape, generator=gen, dtype=w.dtype
+            dh, dw = (
+                torch.randn(h.shape, generator=gen, dtype=h.dtype),
+                torch.randn(w.shape, generator=gen, dtype=w.dtype),
             )
             f = [
                 K.policy_head(h + s * dh, w + s * dw, y, terms, temperature=0.7).loss.item()
@@ -195,8 +192,7 @@ def test_token_shards_sum_to_the_whole():
     g_whole = torch.autograd.grad(whole.loss, (h, w))
     cut = 20
     parts = [
-        K.policy_head(h[sl], w, y[sl], terms.index(sl))
-        for sl in (slice(0, cut), slice(cut, T))
+        K.policy_head(h[sl], w, y[sl], terms.index(sl)) for sl in (slice(0, cut), slice(cut, T))
     ]
     total = parts[0].loss + parts[1].loss
     g_parts = torch.autograd.grad(total, (h, w))

@@ -125,11 +125,7 @@ def test_triton_entropy_accurate_for_large_logits(interp):
     torch.testing.assert_close(lp.double(), lp64, rtol=1e-6, atol=2e-4)
 
 
-HEAD_CASES = [
-    (agg, opt)
-    for agg in K.AGGREGATIONS
-    for opt in ("all", "detached_entropy")
-]
+HEAD_CASES = [(agg, opt) for agg in K.AGGREGATIONS for opt in ("all", "detached_entropy")]
 
 
 @child_only
