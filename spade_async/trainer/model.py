@@ -43,7 +43,8 @@ class PolicyModel(nn.Module):
         self.temperature = temperature
         impl = getattr(causal_lm.config, "_attn_implementation", "")
         # causal-only kernels: padded rows are right-padded, so no padding mask is needed
-        self.varlen_attention = impl in (attention.NAME, FA2)
+        self.attn_impl = impl
+        self.varlen_attention = impl in (attention.NAME, attention.VARLEN, FA2, FA3)
 
     def forward(
         self,
@@ -73,6 +74,8 @@ class PolicyModel(nn.Module):
                 max_length_q=max_seqlen,
                 max_length_k=max_seqlen,
             )
+            if self.attn_impl == attention.NAME:  # per-sequence SDPA: bounds once, not per layer
+                varlen[attention.BOUNDS_KEY] = tuple(cu_seqlens.tolist())
         out = self.causal_lm.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -146,6 +149,7 @@ def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
 
 
 FA2 = "flash_attention_2"
+FA3 = "flash_attention_3"
 _logged: set[str] = set()
 
 
@@ -158,8 +162,37 @@ def flash_attn_2_available() -> bool:
     return bool(is_flash_attn_2_available())
 
 
+def flash_attn_3_available() -> bool:
+    """FlashAttention-3 (the flash-attn package's Hopper kernels) imports here."""
+    from transformers.utils import is_flash_attn_3_available
+
+    return bool(is_flash_attn_3_available())
+
+
 def check_attention(attn_implementation: str, on_gpu: bool) -> None:
-    """A recipe that demands FlashAttention-2 where it cannot run fails with one line."""
+    """A recipe that demands a GPU attention kernel where it cannot run fails with one line."""
+    if attn_implementation == attention.VARLEN:
+        if not on_gpu:
+            raise ConfigError(
+                f"trainer.attn_implementation = '{attention.VARLEN}' (torch's varlen "
+                "FlashAttention) needs trainer GPUs (placement.trainer_gpus is empty): set "
+                "trainer.attn_implementation = 'auto'"
+            )
+        if not attention.torch_varlen_available():
+            raise ConfigError(
+                f"trainer.attn_implementation = '{attention.VARLEN}' but this torch "
+                f"({torch.__version__}) has no torch.nn.attention.varlen: set "
+                "trainer.attn_implementation = 'auto'"
+            )
+        return
+    if attn_implementation == FA3:
+        if not (on_gpu and flash_attn_3_available()):
+            raise ConfigError(
+                "trainer.attn_implementation = 'flash_attention_3' needs trainer GPUs and the "
+                "flash-attn Hopper package (flash_attn_interface) importable here: install it "
+                "or set trainer.attn_implementation = 'auto'"
+            )
+        return
     if attn_implementation != FA2:
         return
     if not on_gpu:
@@ -175,15 +208,74 @@ def check_attention(attn_implementation: str, on_gpu: bool) -> None:
         )
 
 
+def choose_attention(configured: str, on_gpu: bool, mixed_precision: bool) -> str:
+    """'auto' on GPU: the flash-attn package's FA2 when it imports, else torch's varlen
+    FlashAttention (bf16 compute, i.e. mixed precision), else per-sequence SDPA; on CPU
+    per-sequence SDPA. Anything else stays as configured (check_attention vets it)."""
+    if configured != "auto":
+        return configured
+    if not on_gpu:
+        return attention.NAME
+    if flash_attn_2_available():
+        return FA2
+    if mixed_precision and attention.torch_varlen_available():
+        return attention.VARLEN
+    return attention.NAME
+
+
+_ATTN_WORDS = {
+    attention.VARLEN: "torch's varlen FlashAttention over packed rows",
+    attention.NAME: "causal SDPA per packed sequence",
+    FA2: "flash-attn FlashAttention-2 varlen",
+    FA3: "flash-attn FlashAttention-3 varlen",
+}
+
+
+def kernels_line(cfg: TrainerConfig, on_gpu: bool) -> str:
+    """What the trainer will run, for the dry-run plan (as this machine's packages see it)."""
+    from spade_async.trainer.liger import _model_type, liger_problem
+
+    impl = choose_attention(cfg.attn_implementation, on_gpu, cfg.mixed_precision)
+    why = "auto" if cfg.attn_implementation == "auto" else "as configured"
+    if cfg.liger is False:
+        liger = "off"
+    else:
+        problem = liger_problem(on_gpu, _model_type(cfg.model))
+        liger = "RMSNorm/RoPE/SwiGLU patched" if problem is None else f"off ({problem})"
+    return (
+        f"trainer kernels: attention {impl} ({_ATTN_WORDS.get(impl, impl)}; {why}), "
+        f"head {cfg.head}, liger {liger}, activation checkpointing "
+        f"{checkpointing.mode_of(cfg.activation_checkpointing)}, AdamW "
+        f"{'fused' if on_gpu else 'foreach'}"
+    )
+
+
 def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
-    impl = cfg.attn_implementation
-    if impl == "auto":
-        impl = FA2 if device.type == "cuda" and flash_attn_2_available() else attention.NAME
+    impl = choose_attention(cfg.attn_implementation, device.type == "cuda", cfg.mixed_precision)
     if impl not in _logged:  # once per process and choice
         _logged.add(impl)
         why = "as configured" if cfg.attn_implementation != "auto" else "auto"
         log.info("trainer attention: %s (%s, %s)", impl, why, device.type)
     return impl
+
+
+def experts_kwargs(model_dir: str | Path) -> dict:
+    """MoE models: experts through one grouped GEMM (transformers' ``grouped_mm`` experts
+    implementation: torch's grouped_mm on CUDA bf16), never a Python loop over experts.
+    Empty for dense models or a transformers without experts implementations."""
+    import json
+
+    cfg_file = Path(model_dir) / "config.json"
+    if not cfg_file.is_file():
+        return {}
+    raw = json.loads(cfg_file.read_text())
+    if not (raw.get("num_experts") or raw.get("num_local_experts")):
+        return {}
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return {}
+    return {"experts_implementation": "grouped_mm"} if "grouped_mm" in ALL_EXPERTS_FUNCTIONS else {}
 
 
 def load_policy(
@@ -202,12 +294,15 @@ def load_policy(
             model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=impl
+        str(model_dir), dtype=torch.float32, attn_implementation=impl, **experts_kwargs(model_dir)
     )
-    return _prepare(cfg, causal_lm).to(device)
+    return _prepare(cfg, causal_lm, device).to(device)
 
 
-def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
+def _prepare(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> PolicyModel:
+    from spade_async.trainer.liger import apply_liger
+
+    apply_liger(causal_lm, cfg.liger, on_gpu=device.type == "cuda")  # before fully_shard
     checkpointing.apply(causal_lm, cfg.activation_checkpointing)
     causal_lm.train()
     return PolicyModel(causal_lm, cfg.temperature)
@@ -217,7 +312,7 @@ def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> Pol
     """PolicyModel + fully_shard per decoder block, then the root (on the meta model)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = _prepare(cfg, causal_lm)
+    policy = _prepare(cfg, causal_lm, device)
     mp = None
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -77,6 +77,7 @@ class Trainer:
             betas=cfg.betas,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",  # one multi-tensor kernel per step on GPU
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.step = 0  # optimizer steps taken
