@@ -220,16 +220,29 @@ def chunk_rows(vocab: int, bytes_per_logit: int, budget: int) -> int:
     return max(1, rows // 64 * 64 if rows >= 64 else rows)
 
 
+_OUT_DTYPE_ADDMM: list[bool] = []  # [] untried, [True] works, [False] this torch lacks it
+
+
 def _addmm_acc_(acc_VD: torch.Tensor, grad_CV: torch.Tensor, grad32_CV, hidden_CD) -> None:
     """acc_VD += grad_CV.T @ hidden_CD in acc_VD's dtype without a V x D temporary."""
     if grad_CV.dtype == acc_VD.dtype:
         acc_VD.addmm_(grad_CV.T, hidden_CD)
-    elif grad32_CV is not None:  # torch path, sub-fp32 input: the fp32 gradient is at hand
+        return
+    if grad32_CV is not None:  # torch path, sub-fp32 input: the fp32 gradient is at hand
         acc_VD.addmm_(grad32_CV.T, hidden_CD.to(acc_VD.dtype))
-    elif acc_VD.is_cuda:  # cuBLAS: bf16/fp16 products accumulated straight into fp32
-        torch.addmm(acc_VD, grad_CV.T, hidden_CD, out_dtype=acc_VD.dtype, out=acc_VD)
-    else:
-        acc_VD.addmm_(grad_CV.T.to(acc_VD.dtype), hidden_CD.to(acc_VD.dtype))
+        return
+    if acc_VD.is_cuda and _OUT_DTYPE_ADDMM != [False]:
+        # cuBLAS: bf16/fp16 products accumulated straight into the fp32 buffer (torch >= 2.8)
+        try:
+            torch.addmm(acc_VD, grad_CV.T, hidden_CD, out_dtype=acc_VD.dtype, out=acc_VD)
+            _OUT_DTYPE_ADDMM[:] = [True]
+            return
+        except (RuntimeError, TypeError):
+            if _OUT_DTYPE_ADDMM == [True]:
+                raise
+            _OUT_DTYPE_ADDMM[:] = [False]
+    # fp32 copies of this chunk (C x V and C x D, inside the chunk budget's order), no V x D
+    acc_VD.addmm_(grad_CV.T.to(acc_VD.dtype), hidden_CD.to(acc_VD.dtype))
 
 
 def _narrow_(acc_VD: torch.Tensor, dtype: torch.dtype, block: int = 4096) -> torch.Tensor:

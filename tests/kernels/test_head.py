@@ -94,8 +94,9 @@ def _bound(h, w, y, x, temperature, eps=EPS32):
         (x["ref"] - lp).abs().max().item(),
         (x["old"] - x["roll"]).abs().max().item(),
     )
-    lp_rel = logit_bound(eps, zmax, V, D, T)
-    return lp_rel * (1 + expmax) + pointwise_bound(OPS, expmax, T)
+    (t, d), v = h.shape, w.shape[0]
+    lp_rel = logit_bound(eps, zmax, v, d, t)
+    return lp_rel * (1 + expmax) + pointwise_bound(OPS, expmax, t)
 
 
 def _ref64(h, w, y, x, opt, agg, temperature):
@@ -268,3 +269,21 @@ def test_bad_arguments():
         K.policy_head(h, w.double(), y, terms)
     with pytest.raises(ValueError, match="agg="):
         K.loss_weights(x["mask"], "mean")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_head_on_cuda_matches_float64(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    opt, agg = OPTIONS["all"], "seq-mean-token-mean"
+    h, w, y, x = _data(dtype, seed=9, t=300, v=5000, d=128)
+    cuda = {k: v.cuda() for k, v in x.items()}
+    hc, wc = (t.detach().cuda().requires_grad_() for t in (h, w))
+    out = K.policy_head(hc, wc, y.cuda(), _terms(cuda, opt, agg), temperature=0.8)
+    grads = torch.autograd.grad(out.loss, (hc, wc))
+    _, _, ref = _ref64(h, w, y, x, opt, agg, 0.8)
+    eps = torch.finfo(dtype).eps
+    rel = _bound(h, w, y, x, 0.8, eps) + (eps if dtype == torch.bfloat16 else 0)
+    for a, b in zip(grads, ref, strict=True):
+        assert_close_norm(a.cpu(), b, rel, f"{dtype} CUDA gradient")
