@@ -246,7 +246,7 @@ def kernels_line(cfg: TrainerConfig, on_gpu: bool) -> str:
         f"trainer kernels: attention {impl} ({_ATTN_WORDS.get(impl, impl)}; {why}), "
         f"head {cfg.head}, liger {liger}, activation checkpointing "
         f"{checkpointing.mode_of(cfg.activation_checkpointing)}, AdamW "
-        f"{'fused' if on_gpu else 'foreach'}"
+        f"{'fused' if on_gpu else 'single-tensor (CPU)'}"
     )
 
 
