@@ -160,3 +160,21 @@ def test_true_demands_a_supported_family(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="no patch for model_type 'gpt2'"):
         liger.check_liger(TrainerConfig(model=str(tmp_path), liger=True), on_gpu=True)
     liger.check_liger(TrainerConfig(model=str(tmp_path), liger="auto"), on_gpu=False)  # no demand
+
+
+def test_dry_run_names_the_kernels_and_refuses_liger_true_off_gpu(tmp_path, capsys, monkeypatch):
+    from spade_async import cli
+    from spade_async.trainer import liger
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "qwen3-8b-games.toml"
+    base = ["train", str(recipe), "--dry-run", "--run-dir", str(tmp_path / "run")]
+    assert cli.main(base) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("trainer kernels:"))
+    assert "attention " in line and "head fused" in line and "activation checkpointing full" in line
+    monkeypatch.setattr(liger.importlib.util, "find_spec", lambda name: None)  # no liger here
+    code = cli.main([*base, "--set", "trainer.liger=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "trainer.liger = true but Liger needs triton" in err
+    assert not (tmp_path / "run").exists()
