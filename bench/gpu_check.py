@@ -13,12 +13,16 @@ Here (no GPU): ``python bench/gpu_check.py --dry-run`` lists parts and sizes;
 runs the device command above. GPU_RUN.md explains every JSON field.
 
 Parts (each under its own try/except and time budget; a failed part reports its error and
-the rest still run): ``peak`` (measured bf16 matmul peak), ``kernels`` (Triton
-linear_logprob, policy loss: error vs float64, time and peak memory vs naive and Liger),
-``trainer`` (packed bf16 FSDP2 train steps of a random Qwen3-shaped model through the
-project's Trainer: tokens/s, MFU), ``export`` (the trainer's ``push_tensor`` path to an
-engine child process over CUDA IPC handles), ``sglang`` (skipped unless SGLang imports).
-The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``.
+the rest still run): ``peak`` (measured bf16 matmul peak), ``kernels`` (the one-pass
+policy head, the recompute linear_logprob, policy loss: error vs float64, time and peak
+memory vs naive and Liger's fused linear cross-entropy at each T), ``trainer`` (packed
+bf16 FSDP2 train steps of a random Qwen3-shaped model through the project's Trainer:
+tokens/s, MFU; packed vs padded vs length-sorted; Liger off; the recompute head; one
+profiled step), ``export`` (the trainer's ``push_tensor`` path to an engine child process
+over CUDA IPC handles), ``attention`` (torch varlen FlashAttention vs per-sequence SDPA on
+one packed row), ``moe`` (a small Qwen3-MoE step, grouped_mm vs looped experts),
+``sglang`` (skipped unless SGLang imports). The last stdout line is the JSON, also written
+to ``--out DIR/gpu_check.json``; the step profile goes beside it (gpu_check_profile.json).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ make_importable()
 
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
-PART_NAMES = ("peak", "kernels", "trainer", "export", "sglang")
+PART_NAMES = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang")
 
 
 def log(msg: str) -> None:
@@ -132,6 +136,7 @@ def summarize(parts: dict) -> dict:
     """The headline numbers, each None when its part failed or did not run."""
     timing = _get(parts, "kernels", "timing") or {}
     t_small = timing[min(timing, key=lambda k: int(k[1:]))] if timing else {}
+    t_big = timing[max(timing, key=lambda k: int(k[1:]))] if timing else {}
     acc = _get(parts, "kernels", "accuracy") or {}
     pushes = _get(parts, "export", "pushes") or [{}]
     return {
@@ -146,6 +151,19 @@ def summarize(parts: dict) -> dict:
         )
         if acc
         else None,
+        "head_time_vs_naive_small_T": _get(t_small, "head", "time_vs_naive"),
+        "head_time_vs_naive_big_T": _get(t_big, "head", "time_vs_naive"),
+        "head_time_vs_liger_big_T": _get(t_big, "head", "time_vs_liger"),
+        "head_memory_vs_naive_big_T": _get(t_big, "head", "memory_vs_naive"),
+        "head_accuracy_ok": all(
+            per["cross_entropy"].get("head_within_2x_naive") for per in acc.values()
+        )
+        if acc and all("cross_entropy" in per for per in acc.values())
+        else None,
+        "varlen_speedup": _get(parts, "attention", "varlen_speedup"),
+        "moe_grouped_speedup": _get(parts, "moe", "grouped_speedup"),
+        "packed_vs_liger_off": _get(parts, "trainer", "packed_vs_liger_off"),
+        "packed_vs_head_recompute": _get(parts, "trainer", "packed_vs_head_recompute"),
         "train_tokens_per_s": _get(parts, "trainer", "packed", "tokens_per_s"),
         "train_mfu": _get(parts, "trainer", "packed", "mfu"),
         "packed_vs_padded": _get(parts, "trainer", "packed_vs_padded"),
@@ -189,13 +207,15 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.quick:
         print("error: --device cpu runs only the tiny sizes; add --quick", file=sys.stderr)
         return 2
-    from gpucheck import export, kernels, sglang_part, trainer
+    from gpucheck import attention, export, kernels, moe, sglang_part, trainer
 
     fns = {
         "peak": trainer.peak_part,
         "kernels": kernels.kernels_part,
         "trainer": trainer.trainer_part,
         "export": export.export_part,
+        "attention": attention.attention_part,
+        "moe": moe.moe_part,
         "sglang": sglang_part.sglang_part,
     }
     t0 = time.perf_counter()
@@ -209,6 +229,9 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(line + "\n")
+        if ctx.get("profile"):  # one packed train step, binned by kernel kind
+            prof = {"hardware": out["hardware"], "step": "trainer packed", **ctx["profile"]}
+            (Path(args.out) / "gpu_check_profile.json").write_text(json.dumps(prof) + "\n")
     # the result is out before teardown: a process group left mid-collective by a timed-out
     # part could hang in destroy_process_group; 20 s, then exit without it
     print(line, flush=True)

@@ -11,9 +11,10 @@ import os
 
 import torch
 
+from .head import DEFAULT_CHUNK_BYTES, HeadOut, PolicyHead, PolicyTerms, TorchHeadRows, chunk_rows
 from .logprob import ChunkedLinearLogprob, TorchRowOps, default_chunk_size
 
-__all__ = ["linear_logprob", "triton_available"]
+__all__ = ["linear_logprob", "policy_head", "triton_available"]
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -108,3 +109,84 @@ def linear_logprob(
     if return_entropy:
         return out[0].reshape(lead), out[1].reshape(lead)
     return out.reshape(lead)
+
+
+def _head_rows(backend: str, device: torch.device):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}; pick one of them")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" and triton_available() else "torch"
+    if backend == "torch":
+        return TorchHeadRows()
+    _row_ops("triton", device)  # the same refusals as linear_logprob's
+    from .triton_head import TritonHeadRows
+
+    return TritonHeadRows()
+
+
+def policy_head(
+    hidden_TD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    target_T: torch.Tensor,
+    terms: PolicyTerms,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_bytes: int | None = None,
+    backend: str = "auto",
+) -> HeadOut:
+    """The policy loss of softmax(hidden_TD @ weight_VD.T / temperature) at target_T, and
+    its gradient, in one pass over the vocabulary (head.py): -> HeadOut(loss, logprob_T,
+    entropy_T). ``terms`` holds the per-token loss inputs ([T] like target_T) and the
+    scalars; ``loss`` is sum_t token_weight_t * l_t and the only differentiable output.
+    ``chunk_bytes``: memory for one chunk's logits buffer and row-pass temporaries (default
+    64 MiB on CPU, 256 MiB on CUDA). ``backend``: "auto" (Triton on CUDA), "torch", "triton".
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} must be > 0 (1.0 is plain softmax)")
+    if hidden_TD.ndim != 2 or weight_VD.ndim != 2 or hidden_TD.shape[1] != weight_VD.shape[1]:
+        raise ValueError(
+            f"hidden {tuple(hidden_TD.shape)} and weight {tuple(weight_VD.shape)} disagree: "
+            "hidden must be [T, D] and weight [V, D]"
+        )
+    if target_T.shape != hidden_TD.shape[:1] or target_T.dtype.is_floating_point:
+        raise ValueError(
+            f"target {tuple(target_T.shape)} {target_T.dtype} must be integer token ids of "
+            f"shape {tuple(hidden_TD.shape[:1])}"
+        )
+    if weight_VD.dtype != hidden_TD.dtype:
+        raise ValueError(
+            f"hidden dtype {hidden_TD.dtype} != weight dtype {weight_VD.dtype}; cast one of them"
+        )
+    terms.check(target_T.shape)
+    if chunk_bytes is not None and chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
+    T, V = hidden_TD.shape[0], weight_VD.shape[0]
+    dev = hidden_TD.device
+    want_ent = return_entropy or bool(terms.entropy_coef)
+    if T == 0:
+        zero = (hidden_TD.sum() + weight_VD.sum()) * 0
+        acc = torch.promote_types(hidden_TD.dtype, torch.float32)
+        empty = hidden_TD.new_zeros(0, dtype=acc)
+        return HeadOut(zero.to(acc), empty, empty.clone() if want_ent else None)
+    rows_pass = _head_rows(backend, dev)
+    budget = chunk_bytes or DEFAULT_CHUNK_BYTES["cuda" if dev.type == "cuda" else "cpu"]
+    per_logit = size = hidden_TD.element_size()
+    if isinstance(rows_pass, TorchHeadRows) or size == 8:  # fp32 copy, the exp temporary
+        acc_size = max(4, size)
+        per_logit += (acc_size if size < 4 else 0) + (acc_size if want_ent else 0)
+    rows = chunk_rows(V, per_logit, budget)
+    grad_on = torch.is_grad_enabled()
+    needs = (grad_on and hidden_TD.requires_grad, grad_on and weight_VD.requires_grad)
+    out = PolicyHead.apply(
+        hidden_TD.contiguous(),
+        weight_VD,
+        target_T.long(),
+        terms,
+        1.0 / float(temperature),
+        want_ent,
+        rows,
+        rows_pass,
+        needs,
+    )
+    return HeadOut(out[0], out[1], out[2] if want_ent else None)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["AGGREGATIONS", "policy_loss"]
+__all__ = ["AGGREGATIONS", "loss_weights", "policy_loss"]
 
 AGGREGATIONS = ("token", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -52,6 +52,38 @@ def _seq_ids(
     raise ValueError(
         "sequence-level agg needs seq_ids_T or cu_seqlens for flat [T] inputs (or [B, L] rows)"
     )
+
+
+def loss_weights(
+    mask_T: torch.Tensor,
+    agg: str,
+    *,
+    seq_ids_T: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    loss_scale_denominator: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token weights w (flat [T], fp32; fp64 for an fp64 mask) with
+    ``policy_loss(...) == sum_t w_t * loss_t`` for every ``agg``: mask / denominator
+    ("token", "seq-mean-token-sum") or mask / (n_s * denominator) ("seq-mean-token-mean",
+    n_s the loss tokens of the token's sequence). Same denominators as policy_loss."""
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg={agg!r} is not one of {AGGREGATIONS}")
+    mask = mask_T.to(torch.promote_types(mask_T.dtype, torch.float32))
+    flat = mask.reshape(-1)
+    if agg == "token":
+        denom = (
+            flat.sum().clamp(min=1) if loss_scale_denominator is None else loss_scale_denominator
+        )
+        return flat / denom
+    ids = _seq_ids(mask_T.shape, mask.device, seq_ids_T, cu_seqlens)
+    seq_n_S = flat.new_zeros(flat.numel()).index_add_(0, ids, flat)
+    if loss_scale_denominator is None:
+        denom = (seq_n_S > 0).sum().clamp(min=1)
+    else:
+        denom = loss_scale_denominator
+    if agg == "seq-mean-token-mean":
+        return flat / (seq_n_S.clamp(min=1)[ids] * denom)
+    return flat / denom
 
 
 def _masked_mean(x_T: torch.Tensor, mask_T: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -101,12 +133,13 @@ def policy_loss(
     if entropy_coef and entropy_T is None:
         raise ValueError(f"entropy_coef={entropy_coef} needs entropy_T (return_entropy=True)")
 
-    logprob = logprob_T.float()
+    acc = torch.promote_types(logprob_T.dtype, torch.float32)  # fp32 math; fp64 stays fp64
+    logprob = logprob_T.to(acc)
     mask = mask_T.to(logprob.dtype)
     adv = advantage_T.to(logprob.dtype)
     n_tok = mask.sum()
 
-    log_ratio = logprob - old_logprob_T.float()
+    log_ratio = logprob - old_logprob_T.to(acc)
     ratio = log_ratio.exp()
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -124,20 +157,20 @@ def policy_loss(
             ((ratio > 1.0 + clip_high) & (adv > 0)).float(), mask, n_tok
         )
     if rollout_logprob_T is not None:
-        tis = (old_logprob_T.float() - rollout_logprob_T.float()).exp().clamp(max=tis_cap).detach()
+        tis = (old_logprob_T.to(acc) - rollout_logprob_T.to(acc)).exp().clamp(max=tis_cap).detach()
         loss_tok = loss_tok * tis
         metrics["tis_mean"] = _masked_mean(tis, mask, n_tok)
         metrics["tis_capped_frac"] = _masked_mean((tis >= tis_cap).float(), mask, n_tok)
     if ref_logprob_T is not None:
-        d = ref_logprob_T.float() - logprob
+        d = ref_logprob_T.to(acc) - logprob
         kl = d.exp() - d - 1.0
         metrics["kl"] = _masked_mean(kl, mask, n_tok)
         if kl_coef:
             loss_tok = loss_tok + kl_coef * kl
     if entropy_T is not None:
-        metrics["entropy"] = _masked_mean(entropy_T.float(), mask, n_tok)
+        metrics["entropy"] = _masked_mean(entropy_T.to(acc), mask, n_tok)
         if entropy_coef:
-            loss_tok = loss_tok - entropy_coef * entropy_T.float()
+            loss_tok = loss_tok - entropy_coef * entropy_T.to(acc)
 
     masked = (loss_tok * mask).reshape(-1)
     if agg == "token":

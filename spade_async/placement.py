@@ -232,8 +232,13 @@ def check_devices(cfg: Config, visible: Iterable[int] | None = None, source: str
 
 
 def check_attention(cfg: Config) -> None:
-    """trainer.attn_implementation = 'flash_attention_2' without FA2 here: one line, exit 2."""
-    if cfg.trainer.attn_implementation != "flash_attention_2":
+    """A GPU attention kernel or Liger demanded where it cannot run: one line, exit 2."""
+    demanded = ("flash_attention_2", "flash_attention_3", "spade_varlen")
+    if cfg.trainer.liger is True:
+        from spade_async.trainer.liger import check_liger
+
+        check_liger(cfg.trainer, on_gpu=bool(cfg.placement.trainer_gpus))
+    if cfg.trainer.attn_implementation not in demanded:
         return  # no torch import for the usual case
     from spade_async.trainer.model import check_attention as check
 
@@ -404,4 +409,7 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
         mixed_precision=cfg.trainer.mixed_precision,
         on_gpu=bool(pl.trainer_gpus),
     )
-    return format_plan(cfg, plan, warnings, notes=[memory])
+    from spade_async.trainer.model import kernels_line
+
+    kernels = kernels_line(cfg.trainer, on_gpu=bool(pl.trainer_gpus))
+    return format_plan(cfg, plan, warnings, notes=[memory, kernels])

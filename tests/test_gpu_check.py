@@ -35,10 +35,10 @@ def test_dry_run_lists_parts_and_sizes():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert plan["parts"] == ["peak", "kernels", "trainer", "export", "sglang"]
+    assert plan["parts"] == ["peak", "kernels", "trainer", "export", "attention", "moe", "sglang"]
     assert plan["sizes"]["kernels"]["timing"]["V"] == 151936
     assert plan["sizes"]["trainer"]["model"]["hidden_size"] == 2048
-    assert sum(plan["sizes"]["budget_s"].values()) < 5 * 60  # rerunnable within the lease
+    assert sum(plan["sizes"]["budget_s"].values()) < 8 * 60  # rerunnable within the lease
     quick = json.loads(_run("--dry-run", "--quick").stdout.strip().splitlines()[-1])
     assert quick["sizes"]["kernels"]["timing"]["V"] < plan["sizes"]["kernels"]["timing"]["V"]
 
@@ -83,7 +83,19 @@ def test_cpu_smoke_kernels():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(p["ok"] for p in out["parts"].values()), out["parts"]
     assert out["summary"]["fused_accuracy_ok"] is True
-    assert set(out["parts"]["kernels"]["timing"]["T256"]) == {"fused", "naive"}
+    assert set(out["parts"]["kernels"]["timing"]["T256"]) == {"fused", "naive", "head"}
+    assert out["summary"]["head_accuracy_ok"] is True
+
+
+def test_cpu_smoke_attention_and_moe():
+    proc = _run("--device", "cpu", "--quick", "--parts", "attention,moe")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parts = json.loads(proc.stdout.strip().splitlines()[-1])["parts"]
+    assert all(p["ok"] for p in parts.values()), parts
+    assert parts["attention"]["per_sequence_sdpa"]["fwd_bwd_ms"] > 0
+    moe = parts["moe"]
+    assert moe["implementations"] == {"grouped_mm": "grouped_mm", "eager": "eager"}
+    assert moe["logprob_rel_l2"] < 1e-4 and moe["grouped_speedup"] > 0
 
 
 @pytest.mark.slow
@@ -111,6 +123,8 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert fp32["grad_w"]["rel_l2"] < 1e-5  # fp32 vs float64: roundoff, not a wrong gradient
     train = parts["trainer"]
     assert train["backend"] == "gloo" and train["packed"]["skipped_steps"] == 0
+    assert train["head_recompute"]["skipped_steps"] == 0 and "gemm" in train["profile_bins_share"]
+    assert (tmp_path / "gpu_check_profile.json").is_file()
     assert train["packed"]["tokens_per_s"] > 0 and train["version"] >= 2
     export = parts["export"]
     assert export["weights_match"] and export["child_exit"] == 0

@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from spade_kernels import linear_logprob, policy_loss
+from spade_kernels import PolicyTerms, linear_logprob, loss_weights, policy_head, policy_loss
 from spade_kernels.reference import linear_logprob_ref
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
@@ -81,6 +81,17 @@ def _run(fn, h, w, t, g_lp, g_ent):
     return res
 
 
+def _head_run(h, w, t, device):
+    T = t.shape[0]
+    ones = torch.ones(T, device=device)
+    terms = PolicyTerms(loss_weights(ones, "token", loss_scale_denominator=1.0), ones)
+    hh, ww = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    backend = "triton" if device == "cuda" else "torch"
+    out = policy_head(hh, ww, t, terms, backend=backend)
+    out.loss.backward()
+    return {"logprob": out.logprob_T, "grad_h": hh.grad, "grad_w": ww.grad}
+
+
 def _err(x: torch.Tensor, ref: torch.Tensor) -> dict:
     d = x.double() - ref
     return {
@@ -118,12 +129,23 @@ def accuracy(device: str, size: dict, dtype: torch.dtype, with_liger: bool) -> d
                 del got
             except Exception as exc:  # noqa: BLE001 - one broken path, the others still run
                 res[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        if ge is None:  # -sum(logprob)'s gradient == the policy head's at A = 1, ratio 1
+            try:
+                got = _head_run(h, w, t, device)
+                res["head"] = {k: _err(v, ref[k]) for k, v in got.items() if k in ref}
+            except Exception as exc:  # noqa: BLE001
+                res["head"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         fused, naive = res["fused"], res["naive"]
         res["fused_within_2x_naive"] = (
             "error" not in fused
             and "error" not in naive
             and all(fused[k]["rel_l2"] <= 2 * naive[k]["rel_l2"] + 8 * u for k in fused)
         )
+        if "head" in res:
+            head = res["head"]
+            res["head_within_2x_naive"] = "error" not in head and all(
+                head[k]["rel_l2"] <= 2 * naive[k]["rel_l2"] + 8 * u for k in head
+            )
         out[case] = res
         del ref
     return out
@@ -135,14 +157,22 @@ def _sync(device):
 
 
 def timing(device: str, T: int, V: int, D: int, reps: int, with_liger: bool) -> dict:
+    """fwd+bwd of one loss over the head: naive/fused(recompute)/fused_torch_rows: -sum(lp);
+    liger: its CE sum (the same loss); head: the one-pass policy head on the PPO loss with
+    A = 1 on every token, old = the current policy (ratio 1: the gradient is -sum(lp)'s)."""
     h, w, t = _inputs(T, V, D, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    ones = torch.ones(T, device=device)
+    terms = PolicyTerms(loss_weights(ones, "token", loss_scale_denominator=1.0), ones)
+    backend = "triton" if device == "cuda" else "torch"
+    paths = dict(_paths(device, with_liger))
+    paths["head"] = lambda hh, ww, tt, ent: policy_head(hh, ww, tt, terms, backend=backend).loss
     res = {}
-    for name, fn in _paths(device, with_liger).items():
+    for name, fn in paths.items():
 
         def step(fn=fn, name=name):
             hh, ww = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
             out = fn(hh, ww, t, False)
-            loss = out if name == "liger" else -out.sum()
+            loss = out if name in ("liger", "head") else -out.sum()
             loss.backward()
 
         try:
@@ -173,10 +203,11 @@ def timing(device: str, T: int, V: int, D: int, reps: int, with_liger: bool) -> 
             r["time_vs_naive"] = round(r["fwd_bwd_ms"] / n["fwd_bwd_ms"], 3)
             if r["peak_extra_mib"] is not None:
                 r["memory_vs_naive"] = round(r["peak_extra_mib"] / n["peak_extra_mib"], 4)
-    if "fwd_bwd_ms" in res.get("fused", {}) and "fwd_bwd_ms" in res.get("liger", {}):
-        res["fused"]["time_vs_liger"] = round(
-            res["fused"]["fwd_bwd_ms"] / res["liger"]["fwd_bwd_ms"], 3
-        )
+    for name in ("fused", "head"):
+        if "fwd_bwd_ms" in res.get(name, {}) and "fwd_bwd_ms" in res.get("liger", {}):
+            res[name]["time_vs_liger"] = round(
+                res[name]["fwd_bwd_ms"] / res["liger"]["fwd_bwd_ms"], 3
+            )
     return res
 
 

@@ -33,7 +33,40 @@ FULL = {
         "steps": 3,
     },
     "export": {"bucket_mib": 512, "pushes": 2},
-    "budget_s": {"peak": 20, "kernels": 100, "trainer": 130, "export": 40, "sglang": 5},
+    "attention": {
+        "T": 32768,
+        "heads": 16,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "min_len": 256,
+        "max_len": 4096,
+        "reps": 5,
+    },
+    "moe": {
+        "model": dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            moe_intermediate_size=768,
+            num_experts=64,
+            num_experts_per_tok=8,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=64,
+            vocab_size=32768,
+        ),
+        "T": 4096,
+        "reps": 3,
+    },
+    "budget_s": {
+        "peak": 20,
+        "kernels": 120,
+        "trainer": 190,
+        "export": 40,
+        "attention": 30,
+        "moe": 60,
+        "sglang": 5,
+    },
 }
 
 QUICK = copy.deepcopy(FULL)
@@ -59,7 +92,17 @@ QUICK["trainer"].update(
     max_len=2048,
     steps=2,
 )
-QUICK["budget_s"] = {"peak": 20, "kernels": 60, "trainer": 90, "export": 45, "sglang": 10}
+QUICK["attention"].update(T=8192, max_len=2048)
+QUICK["moe"].update(T=1024, reps=2)
+QUICK["budget_s"] = {
+    "peak": 20,
+    "kernels": 60,
+    "trainer": 120,
+    "export": 45,
+    "attention": 30,
+    "moe": 45,
+    "sglang": 10,
+}
 
 CPU = copy.deepcopy(QUICK)
 CPU["peak"] = {"n": 512, "reps": 5, "dtype": "float32"}
@@ -86,7 +129,40 @@ CPU["trainer"].update(
     steps=1,
 )
 CPU["export"] = {"bucket_mib": 1, "pushes": 2}
-CPU["budget_s"] = {"peak": 30, "kernels": 60, "trainer": 120, "export": 60, "sglang": 10}
+CPU["attention"] = {
+    "T": 512,
+    "heads": 4,
+    "kv_heads": 2,
+    "head_dim": 16,
+    "min_len": 16,
+    "max_len": 128,
+    "reps": 2,
+}
+CPU["moe"] = {
+    "model": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+    ),
+    "T": 128,
+    "reps": 2,
+}
+CPU["budget_s"] = {
+    "peak": 30,
+    "kernels": 60,
+    "trainer": 150,
+    "export": 60,
+    "attention": 30,
+    "moe": 60,
+    "sglang": 10,
+}
 
 
 def pick(device: str, quick: bool) -> dict:

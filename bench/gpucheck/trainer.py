@@ -139,7 +139,10 @@ def _steps(trainer, batch, n: int, layout: str) -> dict:
 
 
 def trainer_part(ctx: dict, result: dict) -> None:
+    import msgspec
+
     from spade_async.trainer.config import TrainerConfig
+    from spade_async.trainer.model import kernels_line
     from spade_async.trainer.step import Trainer
 
     device, cfg, log = ctx["device"], ctx["sizes"]["trainer"], ctx["log"]
@@ -183,6 +186,7 @@ def trainer_part(ctx: dict, result: dict) -> None:
         trainer.optimizer.zero_grad(set_to_none=True)  # drop a half-done step's gradients
         result["logprob_backend"] = f"torch (triton failed: {type(exc).__name__}: {exc})"[:300]
         log(f"trainer: {result['logprob_backend']}")
+    result["kernels"] = kernels_line(tcfg, device == "cuda")
     for layout in ("packed", "padded", "padded_sorted"):
         r = result[layout] = _steps(trainer, batch, cfg["steps"], layout)
         if ctx.get("peak_flops") and device == "cuda":
@@ -192,7 +196,32 @@ def trainer_part(ctx: dict, result: dict) -> None:
         result[f"packed_vs_{layout}"] = round(
             result["packed"]["tokens_per_s"] / result[layout]["tokens_per_s"], 3
         )
+    from gpucheck.profile import profile_step
+
+    prof = profile_step(lambda: trainer.train_step(batch, layout="packed"), device)
+    ctx["profile"] = prof
+    result["profile_bins_share"] = prof["bins_share"]
+    log(f"trainer: profile {prof['bins_ms']}")
     result["version"] = trainer.version
+    # the same step without Liger's kernels (and the recompute head, for the ratio)
+    for name, change in (
+        ("liger_off", {"liger": False}),
+        ("head_recompute", {"head": "recompute"}),
+    ):
+        if name == "liger_off" and device != "cuda":
+            result[name] = {"skipped": "liger runs on CUDA only"}
+            continue
+        ctx.pop("trainer", None)
+        del trainer
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        alt_cfg = msgspec.structs.replace(tcfg, **change)
+        trainer = ctx["trainer"] = Trainer(alt_cfg, model_dir, torch.device(device))
+        r = result[name] = _steps(trainer, batch, cfg["steps"], "packed")
+        if ctx.get("peak_flops") and device == "cuda":
+            r["mfu"] = round(flops / r["step_s"] / ctx["peak_flops"], 4)
+        result[f"packed_vs_{name}"] = round(result["packed"]["tokens_per_s"] / r["tokens_per_s"], 3)
+        log(f"trainer: {name} {r}")
 
 
 def close(ctx: dict) -> None:

@@ -49,13 +49,29 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         "policy (the reference's --ref-load), or the engines' rollout log-probs (no extra memory)",
     ) = "initial"
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
-    activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
+    head: Doc(
+        Literal["fused", "recompute"],
+        "policy head: fused = loss and gradient in one pass over the vocabulary (3 T x V x D "
+        "products); recompute = log-probs, then the loss, logits recomputed in backward (4)",
+    ) = "fused"
+    activation_checkpointing: Doc(
+        Literal["full", "selective", "none"] | bool,
+        "recompute in backward: full = each decoder block; selective = GEMM and attention "
+        "outputs kept, only norms/RoPE/activations recomputed; none; true/false = full/none",
+    ) = "none"
+    liger: Doc(
+        Literal["auto"] | bool,
+        "Liger-Kernel RMSNorm/RoPE/SwiGLU on the decoder: auto = on CUDA for Qwen3/Qwen3-MoE/"
+        "Llama when liger-kernel imports; true demands it; false never",
+    ) = "auto"
     hsdp: Doc(
         bool, "hybrid sharding: shard within a node, replicate across nodes (a 2-D device mesh)"
     ) = False
     mixed_precision: Doc(bool, "bf16 params/compute with fp32 reduce (only on GPU)") = True
     attn_implementation: Doc(
-        str, "attention: 'auto' = flash_attention_2 on GPU when FA2 imports, else per-sequence SDPA"
+        str,
+        "attention: 'auto' = flash_attention_2 on GPU when FA2 imports, else torch's varlen "
+        "FlashAttention ('spade_varlen'), else per-sequence SDPA ('spade_varlen_sdpa', CPU)",
     ) = "auto"
     socket_path: Doc(str, "Unix socket rank 0 serves the RPC on ('' = <run_dir>/trainer.sock)") = ""
     start_timeout_s: Doc(float, "seconds to wait for the trainer ranks to come up") = 300.0

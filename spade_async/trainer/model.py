@@ -2,8 +2,11 @@
 
 Legend: T tokens of a micro-batch, D hidden size, V vocabulary size.
 
-``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and the
-fused ``linear_logprob`` against the lm_head weight, so [T, V] logits are never built.
+``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and then
+either the one-pass ``policy_head`` (given ``terms``: the loss and its gradient w.r.t. the
+head in one pass over the vocabulary, ``trainer.head = "fused"``) or the chunked
+``linear_logprob`` (log-probs only; the reference pass, and ``trainer.head = "recompute"``)
+against the lm_head weight, so [T, V] logits are never built.
 FSDP2 (``fully_shard``) wraps each decoder block and then this module as the root: the
 embedding, final norm and (possibly tied) lm_head live in the root group and are unsharded
 for the whole forward, which is where the log-prob head reads the lm_head weight.
@@ -15,11 +18,11 @@ import logging
 from pathlib import Path
 
 import torch
-from spade_kernels import linear_logprob
+from spade_kernels import HeadOut, PolicyTerms, linear_logprob, policy_head
 from torch import nn
 
 from spade_async.errors import ConfigError
-from spade_async.trainer import attention
+from spade_async.trainer import attention, checkpointing
 from spade_async.trainer.config import TrainerConfig
 
 __all__ = [
@@ -40,7 +43,8 @@ class PolicyModel(nn.Module):
         self.temperature = temperature
         impl = getattr(causal_lm.config, "_attn_implementation", "")
         # causal-only kernels: padded rows are right-padded, so no padding mask is needed
-        self.varlen_attention = impl in (attention.NAME, FA2)
+        self.attn_impl = impl
+        self.varlen_attention = impl in (attention.NAME, attention.VARLEN, FA2, FA3)
 
     def forward(
         self,
@@ -52,12 +56,15 @@ class PolicyModel(nn.Module):
         index_K: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int = 0,
+        terms: PolicyTerms | None = None,
     ):
         """Log-prob (and entropy) of ``target_T`` at every position, [T] fp32 (fp64 for an fp64 model).
 
         ``index_K`` restricts the vocab projection to K positions (the loss tokens): the
         others come back as 0 without ever touching the [*, V] head, which is most of the
-        cost when observations and prompts dominate an episode.
+        cost when observations and prompts dominate an episode. With ``terms`` (per-token
+        loss inputs over all T positions) the one-pass head runs instead and this returns
+        ``HeadOut(loss, logprob_T, entropy_T)`` (log-probs/entropy detached, [T]).
         """
         varlen = {}
         if cu_seqlens is not None:  # packed row: varlen attention (flash-attn or ours)
@@ -67,6 +74,8 @@ class PolicyModel(nn.Module):
                 max_length_q=max_seqlen,
                 max_length_k=max_seqlen,
             )
+            if self.attn_impl == attention.NAME:  # per-sequence SDPA: bounds once, not per layer
+                varlen[attention.BOUNDS_KEY] = tuple(cu_seqlens.tolist())
         out = self.causal_lm.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -76,6 +85,8 @@ class PolicyModel(nn.Module):
         )
         hidden_TD = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         weight_VD = self.causal_lm.get_output_embeddings().weight
+        if terms is not None:
+            return self._head(hidden_TD, weight_VD, target_T, terms, index_K, return_entropy)
         if index_K is None:
             out = linear_logprob(
                 hidden_TD,
@@ -100,6 +111,32 @@ class PolicyModel(nn.Module):
         ]
         return tuple(scatter) if return_entropy else scatter[0]
 
+    def _head(self, hidden_TD, weight_VD, target_T, terms, index_K, return_entropy) -> HeadOut:
+        if index_K is not None:
+            hidden_TD, target_T, terms_K = (
+                hidden_TD[index_K],
+                target_T[index_K],
+                terms.index(index_K),
+            )
+        else:
+            terms_K = terms
+        out = policy_head(
+            hidden_TD,
+            weight_VD,
+            target_T,
+            terms_K,
+            temperature=self.temperature,
+            return_entropy=return_entropy,
+        )
+        if index_K is None:
+            return out
+        n = terms.token_weight_T.shape[0]
+        lp_T = out.logprob_T.new_zeros(n).index_put_((index_K,), out.logprob_T)
+        ent_T = None
+        if out.entropy_T is not None:
+            ent_T = out.entropy_T.new_zeros(n).index_put_((index_K,), out.entropy_T)
+        return HeadOut(out.loss, lp_T, ent_T)
+
 
 def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
     layers = getattr(getattr(causal_lm, "model", None), "layers", None)
@@ -112,6 +149,7 @@ def decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
 
 
 FA2 = "flash_attention_2"
+FA3 = "flash_attention_3"
 _logged: set[str] = set()
 
 
@@ -124,8 +162,37 @@ def flash_attn_2_available() -> bool:
     return bool(is_flash_attn_2_available())
 
 
+def flash_attn_3_available() -> bool:
+    """FlashAttention-3 (the flash-attn package's Hopper kernels) imports here."""
+    from transformers.utils import is_flash_attn_3_available
+
+    return bool(is_flash_attn_3_available())
+
+
 def check_attention(attn_implementation: str, on_gpu: bool) -> None:
-    """A recipe that demands FlashAttention-2 where it cannot run fails with one line."""
+    """A recipe that demands a GPU attention kernel where it cannot run fails with one line."""
+    if attn_implementation == attention.VARLEN:
+        if not on_gpu:
+            raise ConfigError(
+                f"trainer.attn_implementation = '{attention.VARLEN}' (torch's varlen "
+                "FlashAttention) needs trainer GPUs (placement.trainer_gpus is empty): set "
+                "trainer.attn_implementation = 'auto'"
+            )
+        if not attention.torch_varlen_available():
+            raise ConfigError(
+                f"trainer.attn_implementation = '{attention.VARLEN}' but this torch "
+                f"({torch.__version__}) has no torch.nn.attention.varlen: set "
+                "trainer.attn_implementation = 'auto'"
+            )
+        return
+    if attn_implementation == FA3:
+        if not (on_gpu and flash_attn_3_available()):
+            raise ConfigError(
+                "trainer.attn_implementation = 'flash_attention_3' needs trainer GPUs and the "
+                "flash-attn Hopper package (flash_attn_interface) importable here: install it "
+                "or set trainer.attn_implementation = 'auto'"
+            )
+        return
     if attn_implementation != FA2:
         return
     if not on_gpu:
@@ -141,15 +208,74 @@ def check_attention(attn_implementation: str, on_gpu: bool) -> None:
         )
 
 
+def choose_attention(configured: str, on_gpu: bool, mixed_precision: bool) -> str:
+    """'auto' on GPU: the flash-attn package's FA2 when it imports, else torch's varlen
+    FlashAttention (bf16 compute, i.e. mixed precision), else per-sequence SDPA; on CPU
+    per-sequence SDPA. Anything else stays as configured (check_attention vets it)."""
+    if configured != "auto":
+        return configured
+    if not on_gpu:
+        return attention.NAME
+    if flash_attn_2_available():
+        return FA2
+    if mixed_precision and attention.torch_varlen_available():
+        return attention.VARLEN
+    return attention.NAME
+
+
+_ATTN_WORDS = {
+    attention.VARLEN: "torch's varlen FlashAttention over packed rows",
+    attention.NAME: "causal SDPA per packed sequence",
+    FA2: "flash-attn FlashAttention-2 varlen",
+    FA3: "flash-attn FlashAttention-3 varlen",
+}
+
+
+def kernels_line(cfg: TrainerConfig, on_gpu: bool) -> str:
+    """What the trainer will run, for the dry-run plan (as this machine's packages see it)."""
+    from spade_async.trainer.liger import _model_type, liger_problem
+
+    impl = choose_attention(cfg.attn_implementation, on_gpu, cfg.mixed_precision)
+    why = "auto" if cfg.attn_implementation == "auto" else "as configured"
+    if cfg.liger is False:
+        liger = "off"
+    else:
+        problem = liger_problem(on_gpu, _model_type(cfg.model))
+        liger = "RMSNorm/RoPE/SwiGLU patched" if problem is None else f"off ({problem})"
+    return (
+        f"trainer kernels: attention {impl} ({_ATTN_WORDS.get(impl, impl)}; {why}), "
+        f"head {cfg.head}, liger {liger}, activation checkpointing "
+        f"{checkpointing.mode_of(cfg.activation_checkpointing)}, AdamW "
+        f"{'fused' if on_gpu else 'single-tensor (CPU)'}"
+    )
+
+
 def _attn_impl(cfg: TrainerConfig, device: torch.device) -> str:
-    impl = cfg.attn_implementation
-    if impl == "auto":
-        impl = FA2 if device.type == "cuda" and flash_attn_2_available() else attention.NAME
+    impl = choose_attention(cfg.attn_implementation, device.type == "cuda", cfg.mixed_precision)
     if impl not in _logged:  # once per process and choice
         _logged.add(impl)
         why = "as configured" if cfg.attn_implementation != "auto" else "auto"
         log.info("trainer attention: %s (%s, %s)", impl, why, device.type)
     return impl
+
+
+def experts_kwargs(model_dir: str | Path) -> dict:
+    """MoE models: experts through one grouped GEMM (transformers' ``grouped_mm`` experts
+    implementation: torch's grouped_mm on CUDA bf16), never a Python loop over experts.
+    Empty for dense models or a transformers without experts implementations."""
+    import json
+
+    cfg_file = Path(model_dir) / "config.json"
+    if not cfg_file.is_file():
+        return {}
+    raw = json.loads(cfg_file.read_text())
+    if not (raw.get("num_experts") or raw.get("num_local_experts")):
+        return {}
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return {}
+    return {"experts_implementation": "grouped_mm"} if "grouped_mm" in ALL_EXPERTS_FUNCTIONS else {}
 
 
 def load_policy(
@@ -168,16 +294,16 @@ def load_policy(
             model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=impl
+        str(model_dir), dtype=torch.float32, attn_implementation=impl, **experts_kwargs(model_dir)
     )
-    return _prepare(cfg, causal_lm).to(device)
+    return _prepare(cfg, causal_lm, device).to(device)
 
 
-def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
-    if cfg.activation_checkpointing:
-        causal_lm.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+def _prepare(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> PolicyModel:
+    from spade_async.trainer.liger import apply_liger
+
+    apply_liger(causal_lm, cfg.liger, on_gpu=device.type == "cuda")  # before fully_shard
+    checkpointing.apply(causal_lm, cfg.activation_checkpointing)
     causal_lm.train()
     return PolicyModel(causal_lm, cfg.temperature)
 
@@ -186,7 +312,7 @@ def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> Pol
     """PolicyModel + fully_shard per decoder block, then the root (on the meta model)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = _prepare(cfg, causal_lm)
+    policy = _prepare(cfg, causal_lm, device)
     mp = None
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -39,16 +39,19 @@ def load_sharded(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from spade_async.trainer.model import experts_kwargs
+
+    experts = experts_kwargs(model_dir)
     rank0 = dist.get_rank() == 0
     source = None
     if rank0:  # the checkpoint once, on CPU, in its own dtype
         source = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype="auto", attn_implementation=attn_implementation
+            str(model_dir), dtype="auto", attn_implementation=attn_implementation, **experts
         )
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
         causal_lm = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32, attn_implementation=attn_implementation
+            config, dtype=torch.float32, attn_implementation=attn_implementation, **experts
         )
     policy = wrap(causal_lm)
     policy.to_empty(device=device)

@@ -11,6 +11,7 @@ and ``skipped_steps`` counts it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import msgspec
 import torch
 import torch.distributed as dist
-from spade_kernels import policy_loss
+from spade_kernels import PolicyTerms, loss_weights, policy_loss
 
 from spade_async.trainer.batch import Batch, validate_batch
 from spade_async.trainer.config import TrainerConfig
@@ -65,7 +66,7 @@ class Trainer:
         # of the weights, 4 B/param / R); model_dir is the base model even on a resume
         self.ref_model: PolicyModel | None = None
         if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
-            ref_cfg = msgspec.structs.replace(cfg, activation_checkpointing=False)
+            ref_cfg = msgspec.structs.replace(cfg, activation_checkpointing="none")
             self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
             self.ref_model.requires_grad_(False)
             self.ref_model.eval()
@@ -76,6 +77,7 @@ class Trainer:
             betas=cfg.betas,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",  # one multi-tensor kernel per step on GPU
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.step = 0  # optimizer steps taken
@@ -83,52 +85,91 @@ class Trainer:
         self.skipped_steps = 0
         self.control_group = None  # gloo group for RPC broadcasts (set by main on NCCL)
 
+    def _ref_logprobs(self, mb) -> torch.Tensor | None:
+        """k3 KL target: the frozen initial policy (forward only), the rollout, or None."""
+        if self.cfg.kl_coef <= 0:
+            return None
+        if self.ref_model is None:
+            return mb.rollout_logprob_T
+        with torch.no_grad():
+            return self.ref_model(
+                mb.input_ids,
+                mb.position_ids,
+                mb.target_T,
+                mb.attention_mask,
+                index_K=mb.loss_index_K,
+                cu_seqlens=mb.cu_seqlens,
+                max_seqlen=mb.max_seqlen,
+            )
+
     def _loss(self, mb, denominator: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         want_entropy = cfg.entropy_coef > 0
-        out = self.model(
-            mb.input_ids,
-            mb.position_ids,
-            mb.target_T,
-            mb.attention_mask,
+        ref_T = self._ref_logprobs(mb)
+        rollout_T = mb.rollout_logprob_T if cfg.tis_cap > 0 else None
+        tis_cap = cfg.tis_cap if cfg.tis_cap > 0 else 1.0
+        seq_ids = None if cfg.loss_agg == "token" else mb.local_seq_T
+        # The denominator is the whole batch's (global) count, divided by R because FSDP
+        # averages gradients over ranks and the batch loss is their sum.
+        scale = denominator / self.world
+        model_kw = dict(
             return_entropy=want_entropy,
             index_K=mb.loss_index_K,
             cu_seqlens=mb.cu_seqlens,
             max_seqlen=mb.max_seqlen,
         )
-        logprob_T, entropy_T = out if want_entropy else (out, None)
+        fused = cfg.head == "fused"
+        if fused:  # loss and its gradient w.r.t. the head in one pass (kernels/head.py)
+            terms = PolicyTerms(
+                loss_weights(
+                    mb.mask_T, cfg.loss_agg, seq_ids_T=seq_ids, loss_scale_denominator=scale
+                ),
+                mb.advantage_T,
+                old_logprob_T=None if cfg.old_logprobs == "detached" else mb.rollout_logprob_T,
+                rollout_logprob_T=rollout_T,
+                ref_logprob_T=ref_T if cfg.kl_coef > 0 else None,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                tis_cap=tis_cap,
+                kl_coef=cfg.kl_coef,
+                entropy_coef=cfg.entropy_coef,
+            )
+            head = self.model(
+                mb.input_ids,
+                mb.position_ids,
+                mb.target_T,
+                mb.attention_mask,
+                terms=terms,
+                **model_kw,
+            )
+            logprob_T, entropy_T = head.logprob_T, head.entropy_T
+        else:
+            out = self.model(
+                mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask, **model_kw
+            )
+            logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
-        ref_T = mb.rollout_logprob_T if cfg.kl_coef > 0 else None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_T = self.ref_model(
-                    mb.input_ids,
-                    mb.position_ids,
-                    mb.target_T,
-                    mb.attention_mask,
-                    index_K=mb.loss_index_K,
-                    cu_seqlens=mb.cu_seqlens,
-                    max_seqlen=mb.max_seqlen,
-                )
-        # The denominator is the whole batch's (global) count, divided by R because FSDP
-        # averages gradients over ranks and the batch loss is their sum.
-        loss, metrics = policy_loss(
-            logprob_T,
-            old_T,
-            mb.advantage_T,
-            mb.mask_T,
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
-            agg=cfg.loss_agg,
-            rollout_logprob_T=mb.rollout_logprob_T if cfg.tis_cap > 0 else None,
-            tis_cap=cfg.tis_cap if cfg.tis_cap > 0 else 1.0,
-            ref_logprob_T=ref_T,
-            kl_coef=cfg.kl_coef,
-            entropy_T=entropy_T,
-            entropy_coef=cfg.entropy_coef,
-            seq_ids_T=None if cfg.loss_agg == "token" else mb.local_seq_T,
-            loss_scale_denominator=denominator / self.world,
-        )
+        # fused: the same function on the detached log-probs gives the metrics (O(T) work)
+        with torch.no_grad() if fused else contextlib.nullcontext():
+            loss, metrics = policy_loss(
+                logprob_T,
+                old_T,
+                mb.advantage_T,
+                mb.mask_T,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                agg=cfg.loss_agg,
+                rollout_logprob_T=rollout_T,
+                tis_cap=tis_cap,
+                ref_logprob_T=ref_T,
+                kl_coef=cfg.kl_coef,
+                entropy_T=entropy_T,
+                entropy_coef=cfg.entropy_coef,
+                seq_ids_T=seq_ids,
+                loss_scale_denominator=scale,
+            )
+        if fused:
+            loss = head.loss
         # train/inference mismatch before the update, on the sampled (loss) tokens:
         # d = log p_engine - log p_trainer; KL(engine || trainer) by the k3 estimator
         # exp(-d) - 1 + d (>= 0, unbiased under the engine's samples; the exponent is capped

@@ -25,7 +25,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 child_only = pytest.mark.skipif(
     not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child of test_under_interpreter"
 )
-N_CHILD_TESTS = 5
+N_CHILD_TESTS = 5 + 6  # + the one-pass head's
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent")
@@ -123,6 +123,45 @@ def test_triton_entropy_accurate_for_large_logits(interp):
     )
     torch.testing.assert_close(ent.double(), ent64, rtol=0, atol=2e-5)
     torch.testing.assert_close(lp.double(), lp64, rtol=1e-6, atol=2e-4)
+
+
+HEAD_CASES = [(agg, opt) for agg in K.AGGREGATIONS for opt in ("all", "detached_entropy")]
+
+
+@child_only
+@pytest.mark.parametrize("agg, option", HEAD_CASES)
+def test_triton_head_rows_match_float64(interp, agg, option):
+    """The one-pass head's Triton row pass (kernels/triton_head.py) against float64
+    references and against the torch row pass, every loss option on: bounds as in
+    tests/kernels/test_head.py."""
+    import test_head as th
+    from spade_kernels.dispatch import policy_head
+    from spade_kernels.triton_head import TritonHeadRows
+
+    opt = {"all": th.OPTIONS["all"], "detached_entropy": dict(tis=True, entropy=0.05)}[option]
+    h, w, y, x = th._data(seed=1, t=T)
+    terms = th._terms(x, opt, agg)
+    rows = TritonHeadRows(block_v=64, num_warps=1)  # V=123: 2 blocks, the last partial
+    got = policy_head(h, w, y, terms, temperature=0.8, backend="torch")  # for the comparison
+    assert isinstance(rows, TritonHeadRows)
+    import spade_kernels.dispatch as dispatch
+
+    orig = dispatch._head_rows
+    dispatch._head_rows = lambda backend, device: rows
+    try:
+        out = policy_head(h, w, y, terms, temperature=0.8, chunk_bytes=7 * th.V * 4)
+    finally:
+        dispatch._head_rows = orig
+    grads = torch.autograd.grad(out.loss, (h, w))
+    ref_loss, ref_lp, ref_grads = th._ref64(h, w, y, x, opt, agg, 0.8)
+    rel = th._bound(h, w, y, x, 0.8)
+    assert_close_norm(out.logprob_T, ref_lp.detach(), rel, "log-probs")
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert_close_norm(a, b, rel, "gradients vs float64")
+    for a, b in zip(grads, torch.autograd.grad(got.loss, (h, w)), strict=True):
+        assert_close_norm(a, b.double(), 2 * rel, "gradients vs torch rows")
+    scale = max(abs(ref_loss.item()), terms.token_weight_T.abs().sum().item())
+    assert abs(out.loss.item() - ref_loss.item()) <= 10 * rel * scale
 
 
 @pytest.mark.gpu

@@ -40,7 +40,7 @@ def test_flash_attn_folder_without_fa2_is_not_selected(tmp_path, monkeypatch, fr
     assert importlib.util.find_spec("flash_attn") is not None  # the folder is visible
     assert not model.flash_attn_2_available()
     cfg = TrainerConfig(attn_implementation="auto")
-    assert model._attn_impl(cfg, torch.device("cuda")) == attention.NAME
+    assert model._attn_impl(cfg, torch.device("cuda")) == attention.VARLEN
 
 
 def test_auto_picks_fa2_only_on_gpu_and_logs_once(monkeypatch, caplog):
@@ -55,7 +55,12 @@ def test_auto_picks_fa2_only_on_gpu_and_logs_once(monkeypatch, caplog):
     assert sum("flash_attention_2" in m for m in lines) == 1, lines
     assert sum(attention.NAME in m for m in lines) == 1, lines
     monkeypatch.setattr(model, "flash_attn_2_available", lambda: False)
+    assert model._attn_impl(cfg, torch.device("cuda")) == attention.VARLEN  # torch's own
+    monkeypatch.setattr(attention, "torch_varlen_available", lambda: False)
     assert model._attn_impl(cfg, torch.device("cuda")) == attention.NAME
+    fp32 = TrainerConfig(attn_implementation="auto", mixed_precision=False)
+    monkeypatch.setattr(attention, "torch_varlen_available", lambda: True)
+    assert model.choose_attention("auto", True, fp32.mixed_precision) == attention.NAME
 
 
 def test_demanding_fa2_without_it_is_one_line(monkeypatch):
@@ -71,10 +76,78 @@ def test_demanding_fa2_without_it_is_one_line(monkeypatch):
 
 def test_dry_run_with_fa2_demanded_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(model, "flash_attn_2_available", lambda: False)
-    argv = ["train", str(RECIPE), "--dry-run", "--run-dir",
-            str(tmp_path / "run"), "--set", "trainer.attn_implementation=flash_attention_2"]
+    argv = [
+        "train",
+        str(RECIPE),
+        "--dry-run",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "trainer.attn_implementation=flash_attention_2",
+    ]
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "FlashAttention-2 does not import here" in err and "'auto'" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_demanding_torch_varlen_where_it_cannot_run_is_one_line(monkeypatch):
+    with pytest.raises(ConfigError, match="needs trainer GPUs"):
+        model.check_attention(attention.VARLEN, on_gpu=False)
+    monkeypatch.setattr(attention, "torch_varlen_available", lambda: False)
+    with pytest.raises(ConfigError, match="has no torch.nn.attention.varlen"):
+        model.check_attention(attention.VARLEN, on_gpu=True)
+    with pytest.raises(ConfigError, match="flash_attention_3"):
+        model.check_attention(model.FA3, on_gpu=False)
+
+
+def test_varlen_call_matches_this_torch_signature():
+    """The keyword set we pass exists on the installed torch's varlen_attn (causal via
+    window_size on new releases, is_causal on old), and GQA repeats heads only without
+    enable_gqa."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = frozenset(inspect.signature(varlen_attn).parameters)
+    kw, repeat = attention.varlen_call_kwargs(params, 8, 2)
+    assert set(kw) <= params
+    assert kw.get("window_size") == (-1, 0) or kw.get("is_causal") is True
+    assert repeat == ("enable_gqa" not in params)
+    old = frozenset({"query", "key", "value", "is_causal", "scale"})
+    assert attention.varlen_call_kwargs(old, 8, 2) == ({"is_causal": True}, True)
+
+
+def test_per_sequence_sdpa_reads_bounds_once_per_micro_batch(monkeypatch):
+    """With the bounds handed in, no layer converts cu_seqlens to a list (a host sync on
+    GPU); the result equals attention computed sequence by sequence."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+
+    class NoList(torch.Tensor):
+        def tolist(self):
+            raise AssertionError("cu_seqlens.tolist() inside a layer")
+
+    mod = torch.nn.Module()
+    mod.is_causal, mod.training = True, False
+    out, _ = attention.varlen_sdpa(
+        mod,
+        q,
+        k,
+        v,
+        None,
+        cu_seq_lens_q=cu.as_subclass(NoList),
+        **{attention.BOUNDS_KEY: (0, 4, 9)},
+    )
+    for a, b in ((0, 4), (4, 9)):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True
+        ).transpose(1, 2)
+        torch.testing.assert_close(out[:, a:b], ref, rtol=0, atol=1e-6)
+    # the torch-varlen function on CPU tensors falls back to the same per-sequence path
+    out2, _ = attention.varlen_torch(
+        mod, q, k, v, None, cu_seq_lens_q=cu, **{attention.BOUNDS_KEY: (0, 4, 9)}
+    )
+    assert torch.equal(out2, out)
