@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spade_async.cli import main as cli
+from spade_async.cli import dispatch as cli
 from spade_async.errors import ConfigError
 from spade_async.trainer import attention, model
 from spade_async.trainer.config import TrainerConfig

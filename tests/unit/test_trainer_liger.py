@@ -163,7 +163,7 @@ def test_true_demands_a_supported_family(monkeypatch, tmp_path):
 
 
 def test_dry_run_names_the_kernels_and_refuses_liger_true_off_gpu(tmp_path, capsys, monkeypatch):
-    from spade_async import cli
+    from spade_async.cli import dispatch as cli
     from spade_async.trainer import liger
 
     recipe = Path(__file__).resolve().parents[2] / "configs" / "qwen3-8b-games.toml"

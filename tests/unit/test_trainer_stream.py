@@ -58,21 +58,30 @@ def test_buckets_are_gathered_one_at_a_time_in_engine_dtype(trainer, monkeypatch
 
 
 def test_distributed_push_broadcasts_bf16(trainer):
-    sent = []
+    """Each bucket travels as one uint8 tensor (SGLang's flattened_bucket layout) whose
+    metadata names bf16 for every parameter, and whose bytes are exactly bf16 tensors."""
+    sent, dtypes = [], []
 
     def ok(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/model_info":
             return httpx.Response(200, json={"weight_version": "3"})
+        if request.url.path == "/update_weights_from_distributed":
+            body = json.loads(request.content)
+            assert body["load_format"] == "flattened_bucket"
+            dtypes.extend(body["dtypes"])
         return httpx.Response(200, json={"success": True})
 
     trainer._weight_group = None
     push_distributed(
         trainer, [{"url": "http://a", "tp_size": 1}], master_address="127.0.0.1",
         master_port=29555, bucket_bytes=4 << 20, transport=httpx.MockTransport(ok),
-        init_group=lambda *a: "G", broadcast=lambda t, g: sent.append(t.dtype),
+        init_group=lambda *a: "G", broadcast=lambda t, g: sent.append(t),
         dtype="bfloat16",
     )
-    assert sent and set(sent) == {torch.bfloat16}
+    assert sent and {t.dtype for t in sent} == {torch.uint8}
+    assert dtypes and set(dtypes) == {"bfloat16"}
+    n_params = sum(p.numel() for p in trainer.model.causal_lm.parameters())
+    assert sum(t.numel() for t in sent) == 2 * n_params  # two bytes per bf16 value
 
 
 @pytest.mark.parametrize("shard_bytes", [1 << 40, 4 << 20])
