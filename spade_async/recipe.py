@@ -28,7 +28,7 @@ from spade_async.rewards import check as check_rewards
 from spade_async.roles.agent import AgentConfig
 from spade_async.roles.designer import DesignerConfig
 from spade_async.roles.hint import HintConfig
-from spade_async.telemetry.metrics import TelemetryConfig
+from spade_async.telemetry.config import TelemetryConfig
 from spade_async.trainer.config import TrainerConfig
 
 Mode = Literal[

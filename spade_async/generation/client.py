@@ -322,7 +322,7 @@ class GenerationClient:
     ) -> None:
         """Join every engine to the trainer's NCCL group: trainer is rank 0, engine i's TP
         ranks follow (``rank_offset`` = 1 + ranks of the engines before it)."""
-        from spade_async.generation.sglang import weight_group_requests
+        from spade_async.generation.protocol import weight_group_requests
 
         ranks = list(ranks_per_engine or [1] * len(self.urls))
         if len(ranks) != len(self.urls):

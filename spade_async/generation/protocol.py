@@ -22,6 +22,7 @@ One response per prompt (a list for a batch)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -229,3 +230,27 @@ class ModelInfo(msgspec.Struct, kw_only=True):
 
 class ErrorBody(msgspec.Struct):
     error: dict[str, Any]
+
+
+def weight_group_requests(
+    tp_sizes: Sequence[int],
+    master_address: str,
+    master_port: int,
+    *,
+    group_name: str = "weight_update_group",
+    backend: str = "nccl",
+) -> list[InitWeightsUpdateGroupReqInput]:
+    """One ``/init_weights_update_group`` body per engine: trainer rank 0, engines after it."""
+    world = 1 + sum(tp_sizes)
+    offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
+    return [
+        InitWeightsUpdateGroupReqInput(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=off,
+            world_size=world,
+            group_name=group_name,
+            backend=backend,
+        )
+        for off in offsets
+    ]

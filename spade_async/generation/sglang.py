@@ -38,7 +38,7 @@ import msgspec
 from spade_async.config import Doc
 from spade_async.errors import ConfigError
 from spade_async.generation.client import EngineError
-from spade_async.generation.protocol import InitWeightsUpdateGroupReqInput
+from spade_async.generation.protocol import weight_group_requests  # re-exported
 from spade_async.generation.sglang_source import PINNED, pinned_flags
 from spade_async.generation.sglang_state import HEALTH_GENERATION_ENV
 
@@ -133,30 +133,6 @@ def check_flags(args: Sequence[str], where: str = "engine.extra_args") -> None:
                 f"{where}: {flag} is not a flag of SGLang {PINNED} (the pinned release); "
                 f"{hint}remove it or fix the spelling"
             )
-
-
-def weight_group_requests(
-    tp_sizes: Sequence[int],
-    master_address: str,
-    master_port: int,
-    *,
-    group_name: str = "weight_update_group",
-    backend: str = "nccl",
-) -> list[InitWeightsUpdateGroupReqInput]:
-    """One ``/init_weights_update_group`` body per engine: trainer rank 0, engines after it."""
-    world = 1 + sum(tp_sizes)
-    offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
-    return [
-        InitWeightsUpdateGroupReqInput(
-            master_address=master_address,
-            master_port=master_port,
-            rank_offset=off,
-            world_size=world,
-            group_name=group_name,
-            backend=backend,
-        )
-        for off in offsets
-    ]
 
 
 class SGLangServer:

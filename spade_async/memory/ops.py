@@ -7,7 +7,7 @@ the same transaction, so a crash at any point leaves records and indexes agreein
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 import lmdb
 import msgspec
@@ -16,8 +16,17 @@ from spade_async.memory import dedup
 from spade_async.memory import indexes as ix
 from spade_async.memory.records import EnvRecord, Stats, encode, now
 
-if TYPE_CHECKING:
-    from spade_async.memory.store import MemoryStore
+
+class Store(Protocol):
+    """What an op needs of the store it runs in (``store.MemoryStore`` is one): its config,
+    its named LMDB tables, and reads inside the writer's transaction."""
+
+    config: Any  # store.MemoryConfig
+    db: dict[str, Any]  # table name -> LMDB database handle
+
+    def get(self, env_id: str, txn: lmdb.Transaction | None = None) -> EnvRecord | None: ...
+
+    def meta_int(self, key: bytes, txn: lmdb.Transaction) -> int: ...
 
 
 class PutOp(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,9 +68,7 @@ class PutResult(msgspec.Struct, frozen=True, kw_only=True):
 Result = PutResult | EnvRecord | None | int
 
 
-def _replace(
-    store: MemoryStore, txn: lmdb.Transaction, old: EnvRecord | None, new: EnvRecord
-) -> None:
+def _replace(store: Store, txn: lmdb.Transaction, old: EnvRecord | None, new: EnvRecord) -> None:
     bounds = store.config.bounds()
     before = ix.entries(old, bounds) if old is not None else set()
     after = ix.entries(new, bounds)
@@ -72,7 +79,7 @@ def _replace(
     txn.put(new.id.encode(), encode(new), db=store.db["records"])
 
 
-def _bump(store: MemoryStore, txn: lmdb.Transaction, key: bytes) -> None:
+def _bump(store: Store, txn: lmdb.Transaction, key: bytes) -> None:
     txn.put(key, str(store.meta_int(key, txn) + 1).encode(), db=store.db["meta"])
 
 
@@ -90,7 +97,7 @@ def _near_twin(store, txn, sig, keys) -> tuple[str, float] | None:
     return best
 
 
-def _put(store: MemoryStore, txn: lmdb.Transaction, op: PutOp) -> PutResult:
+def _put(store: Store, txn: lmdb.Transaction, op: PutOp) -> PutResult:
     rec = op.record
     existing = store.get(rec.id, txn)
     if existing is not None:
@@ -133,7 +140,7 @@ def _put(store: MemoryStore, txn: lmdb.Transaction, op: PutOp) -> PutResult:
     return PutResult(id=rec.id, outcome="near_duplicate", duplicate_of=twin[0], similarity=twin[1])
 
 
-def _stats(store: MemoryStore, txn: lmdb.Transaction, op: StatsOp) -> EnvRecord | None:
+def _stats(store: Store, txn: lmdb.Transaction, op: StatsOp) -> EnvRecord | None:
     old = store.get(op.env_id, txn)
     if old is None:
         return None
@@ -157,7 +164,7 @@ def _stats(store: MemoryStore, txn: lmdb.Transaction, op: StatsOp) -> EnvRecord 
     return new
 
 
-def _replay(store: MemoryStore, txn: lmdb.Transaction, op: ReplayOp) -> int:
+def _replay(store: Store, txn: lmdb.Transaction, op: ReplayOp) -> int:
     done = 0
     for env_id in op.env_ids:
         old = store.get(env_id, txn)
@@ -175,7 +182,7 @@ def _replay(store: MemoryStore, txn: lmdb.Transaction, op: ReplayOp) -> int:
     return done
 
 
-def _hint(store: MemoryStore, txn: lmdb.Transaction, op: HintOp) -> EnvRecord | None:
+def _hint(store: Store, txn: lmdb.Transaction, op: HintOp) -> EnvRecord | None:
     old = store.get(op.env_id, txn)
     if old is None:
         return None
@@ -184,7 +191,7 @@ def _hint(store: MemoryStore, txn: lmdb.Transaction, op: HintOp) -> EnvRecord | 
     return new
 
 
-def apply_one(store: MemoryStore, txn: lmdb.Transaction, op: Op) -> Result:
+def apply_one(store: Store, txn: lmdb.Transaction, op: Op) -> Result:
     if isinstance(op, PutOp):
         return _put(store, txn, op)
     if isinstance(op, StatsOp):

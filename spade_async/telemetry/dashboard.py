@@ -8,100 +8,24 @@ view in ``spade train`` and ``spade dashboard RUN_DIR`` share every line of this
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from collections import deque
 from typing import Any, TextIO
 
 from rich.console import Console, RenderableType
-from rich.text import Text
 
-from spade_async.telemetry.metrics import TelemetryConfig
+from spade_async.telemetry.config import TelemetryConfig
+from spade_async.telemetry.draw import (
+    bar,
+    finite,
+    fmt,
+    histogram,
+    hms,
+    sparkline,
+)
 
 __all__ = ["Dashboard", "PlainLogger", "NullView", "make_view", "sparkline", "histogram", "bar"]
-
-STAGES = ("engine", "trainer", "env_pool")
-ROLES = ("designer", "hint", "agent", "trainer")
-GATES = (
-    "ok", "syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
-    "feasibility", "timeout", "memory", "crash", "output_too_large",
-)  # fmt: skip
-CURVES = (
-    ("reward/agent_mean", "agent reward"),
-    ("reward/designer_mean", "designer reward"),
-    ("regret/mean", "regret (mean)"),
-)
-_KNOWN = re.compile(
-    r"^(version|max_steps|time/|tokens_per_s/|busy_s/|idle_s/|stream/|designer/|regret/|"
-    r"win_rate/|reward/|memory/|engine/|trainer/healthy|trainer/restarts|router/healthy|staleness/|hint/|"
-    r"train/push|train/lost_batches|train/mismatch_|train/logprob_gap|train/is_weight_)"
-)
-_SPARK = "▁▂▃▄▅▆▇█"
-_EIGHTHS = " ▏▎▍▌▋▊▉"
-
-
-def sparkline(values: list[float], width: int = 24) -> str:
-    vals = [float(v) for v in values[-width:] if v is not None]
-    if not vals:
-        return ""
-    lo, hi = min(vals), max(vals)
-    span = hi - lo
-    return "".join(_SPARK[int((v - lo) / span * 7.999) if span > 0 else 3] for v in vals)
-
-
-def histogram(values: list[float], bins: int = 20, lo: float = 0.0, hi: float = 1.0) -> str:
-    """One character per bin, height proportional to the count; an empty bin is a space."""
-    counts = [0] * bins
-    for v in values:
-        i = int((min(max(v, lo), hi) - lo) / (hi - lo) * bins)
-        counts[min(i, bins - 1)] += 1
-    return _bars_from_counts(counts)
-
-
-def _bars_from_counts(counts: list[int]) -> str:
-    top = max(counts, default=0) or 1
-    return "".join(" " if c == 0 else _SPARK[min(int(c / top * 7.999), 7)] for c in counts)
-
-
-def bar(frac: float, width: int = 20, style: str = "green") -> Text:
-    frac = min(max(frac, 0.0), 1.0)
-    eighths = round(frac * width * 8)
-    full, part = divmod(eighths, 8)
-    body = "█" * full + (_EIGHTHS[part] if part else "")
-    return Text(body, style=style) + Text("·" * (width - len(body)), style="grey35")
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def _hms(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "--:--:--"
-    s = int(seconds)
-    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def _finite(values: Any) -> list[float]:
-    if not isinstance(values, list):
-        return []
-    out = []
-    for v in values:
-        if (
-            isinstance(v, (int, float))
-            and not isinstance(v, bool)
-            and v == v
-            and abs(v) != float("inf")
-        ):
-            out.append(float(v))
-    return out
 
 
 class _State:
@@ -161,8 +85,8 @@ class _State:
                 and key not in ("step", "time")
             ):
                 self.history.setdefault(key, deque(maxlen=self.window)).append((step, v))
-        self.regret.extend((step, v) for v in _finite(rec.get("regret/values")))
-        self.win_rate.extend((step, v) for v in _finite(rec.get("win_rate/values")))
+        self.regret.extend((step, v) for v in finite(rec.get("regret/values")))
+        self.win_rate.extend((step, v) for v in finite(rec.get("win_rate/values")))
         if "time/elapsed_s" in rec:
             self.pace.append((step, float(rec["time/elapsed_s"])))
 
@@ -300,8 +224,8 @@ class PlainLogger:
         parts = [f"step {st.step}" + (f"/{r['max_steps']}" if "max_steps" in r else "")]
         if "version" in r:
             parts[0] += f" v{r['version']}"
-        parts[0] += f" {_hms(r.get('time/elapsed_s'))} eta {_hms(st.eta_s())}"
-        toks = [f"{role} {_fmt(r[f'tokens_per_s/{role}'])}" for role in st.keys("tokens_per_s/")]
+        parts[0] += f" {hms(r.get('time/elapsed_s'))} eta {hms(st.eta_s())}"
+        toks = [f"{role} {fmt(r[f'tokens_per_s/{role}'])}" for role in st.keys("tokens_per_s/")]
         if toks:
             parts.append("tok/s " + " ".join(toks))
         busy = []
@@ -322,20 +246,20 @@ class PlainLogger:
             parts.append(f"designer valid {r.get('designer/valid', 0)}/{r['designer/generated']}")
         dist = []
         if "regret/mean" in r:
-            dist.append(f"regret {_fmt(r['regret/mean'])}")
+            dist.append(f"regret {fmt(r['regret/mean'])}")
         if st.win_rate:
             dist.append(f"win {sum(v for _, v in st.win_rate) / len(st.win_rate):.2f}")
         for key, name in (("reward/agent_mean", "R_agent"), ("reward/designer_mean", "R_designer")):
             if key in r:
-                dist.append(f"{name} {_fmt(r[key])}")
+                dist.append(f"{name} {fmt(r[key])}")
         if dist:
             parts.append(" ".join(dist))
         if "memory/size" in r:
             parts.append(
-                f"memory {_fmt(r['memory/size'])} (dup {_fmt(r.get('memory/duplicates', 0))})"
+                f"memory {fmt(r['memory/size'])} (dup {fmt(r.get('memory/duplicates', 0))})"
             )
         if "staleness/dropped" in r:
-            parts.append(f"stale-dropped {_fmt(r['staleness/dropped'])}")
+            parts.append(f"stale-dropped {fmt(r['staleness/dropped'])}")
         down = [
             f"engine {i}" for i in st.keys("engine/", "/healthy") if not r[f"engine/{i}/healthy"]
         ]

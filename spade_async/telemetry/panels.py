@@ -13,17 +13,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from spade_async.telemetry.dashboard import (
-    _KNOWN,
+from spade_async.telemetry.draw import (
     CURVES,
     GATES,
+    KNOWN,
     ROLES,
     STAGES,
-    _bars_from_counts,
-    _fmt,
-    _hms,
     bar,
+    bars_from_counts,
+    fmt,
     histogram,
+    hms,
     sparkline,
 )
 
@@ -52,7 +52,7 @@ def header(st: Any, title: str) -> RenderableType:
         line.append("  ")
         line.append_text(bar(frac, 20, "cyan"))
         line.append(f" {frac:.0%}")
-    line.append(f"   elapsed {_hms(r.get('time/elapsed_s'))}  ETA {_hms(st.eta_s())}", style="dim")
+    line.append(f"   elapsed {hms(r.get('time/elapsed_s'))}  ETA {hms(st.eta_s())}", style="dim")
     return Panel(line, padding=(0, 1))
 
 
@@ -60,7 +60,7 @@ def throughput(st: Any) -> Panel:
     t = _grid("lrl")
     for role in _ordered(st.keys("tokens_per_s/"), ROLES):
         key = f"tokens_per_s/{role}"
-        t.add_row(role, _fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
+        t.add_row(role, fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
     return Panel(t, title="tokens/s", title_align="left")
 
 
@@ -126,7 +126,7 @@ def mismatch(st: Any) -> Panel | None:
     t = _grid("lrl")
     for key, name in keys:
         if key in r:
-            t.add_row(name, _fmt(r[key]), Text(sparkline(st.series(key), 16), style="red"))
+            t.add_row(name, fmt(r[key]), Text(sparkline(st.series(key), 16), style="red"))
     return Panel(t, title="train/inference mismatch", title_align="left")
 
 
@@ -148,7 +148,7 @@ def designer(st: Any) -> Panel:
     t = _grid("lrrl")
     t.add_row(
         Text("valid", style="bold"),
-        f"{_fmt(valid)}/{_fmt(gen)}",
+        f"{fmt(valid)}/{fmt(gen)}",
         f"{rate:.0%}",
         bar(rate, 10, "green"),
     )
@@ -156,7 +156,7 @@ def designer(st: Any) -> Panel:
         n = r[f"designer/stage/{stage}"]
         share = n / gen if gen else 0.0
         t.add_row(
-            stage, _fmt(n), f"{share:.0%}", bar(share, 10, "green" if stage == "ok" else "red")
+            stage, fmt(n), f"{share:.0%}", bar(share, 10, "green" if stage == "ok" else "red")
         )
     return Panel(t, title="designer validity by gate", title_align="left")
 
@@ -176,7 +176,7 @@ def distributions(st: Any) -> Panel:
         )
     elif isinstance(st.latest.get("regret/hist"), list):
         counts = [int(c) for c in st.latest["regret/hist"]]
-        t.add_row("regret", Text(f"0[{_bars_from_counts(counts)}]1", style="magenta"))
+        t.add_row("regret", Text(f"0[{bars_from_counts(counts)}]1", style="magenta"))
         t.add_row("", Text(f"n={sum(counts)}", style="dim"))
     wins = [v for _, v in st.win_rate]
     if wins:
@@ -195,9 +195,7 @@ def curves(st: Any) -> Panel:
     t = _grid("lrl")
     for key, name in CURVES:
         if key in st.latest:
-            t.add_row(
-                name, _fmt(st.latest[key]), Text(sparkline(st.series(key), 20), style="green")
-            )
+            t.add_row(name, fmt(st.latest[key]), Text(sparkline(st.series(key), 20), style="green"))
     return Panel(t, title="rewards", title_align="left")
 
 
@@ -209,7 +207,7 @@ def evaluation(st: Any) -> Panel | None:
     t = _grid("lrl")
     for key in sorted(evals)[:12]:
         points = list(evals[key])
-        t.add_row(f"{key[5:]} v{points[-1][0]}", _fmt(points[-1][1]),
+        t.add_row(f"{key[5:]} v{points[-1][0]}", fmt(points[-1][1]),
                   Text(sparkline([v for _, v in points], 16), style="magenta"))  # fmt: skip
     return Panel(t, title="held-out evaluation", title_align="left")
 
@@ -222,7 +220,7 @@ def health(st: Any) -> Panel:
                       ("trainer/restarts", "trainer restarts"),
                       ("train/lost_batches", "batches lost to a dead trainer")):  # fmt: skip
         if key in r:
-            t.add_row(name, _fmt(r[key]))
+            t.add_row(name, fmt(r[key]))
 
     def dot(ok: Any) -> Text:
         return Text("● up", style="green") if ok else Text("✗ DOWN", style="bold red")
@@ -237,13 +235,13 @@ def health(st: Any) -> Panel:
 
 
 def other(st: Any) -> Panel | None:
-    keys = sorted(k for k, v in st.latest.items() if k not in ("step", "time", "kind") and not _KNOWN.match(k)
+    keys = sorted(k for k, v in st.latest.items() if k not in ("step", "time", "kind") and not KNOWN.match(k)
                   and isinstance(v, (int, float)) and not isinstance(v, bool))  # fmt: skip
     if not keys:
         return None
     t = _grid("lrl")
     for key in keys[:8]:
-        t.add_row(key, _fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
+        t.add_row(key, fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
     return Panel(t, title="other", title_align="left")
 
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from spade_async.telemetry.metrics import TelemetryConfig
+from spade_async.telemetry.config import TelemetryConfig
 
 __all__ = ["Sink", "TensorBoardSink", "WandbSink", "open_sinks", "split_record"]
 
