@@ -191,6 +191,10 @@ def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> Pol
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
+    if cfg.offload == "optimizer":  # sharded fp32 weights, grads and AdamW states on the host
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     if cfg.hsdp:  # (nodes, ranks per node): replicate across nodes, shard within one
         from spade_async.launch.layout import hsdp_mesh
 

@@ -87,10 +87,13 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int):
         yield bucket
 
 
-def _full(p: torch.nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
-    """The whole parameter in ``dtype``: cast the local shard first, then all-gather it."""
+def _full(p: torch.nn.Parameter, dtype: torch.dtype, device: torch.device | None = None):
+    """The whole parameter in ``dtype``: cast the local shard first, then all-gather it.
+    With optimizer offload the shard lives on the host (gathered over gloo); the full tensor
+    then moves to the trainer's ``device``, where the NCCL/IPC pushes need it."""
     t = p.detach().to(dtype)
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    full = t.full_tensor() if hasattr(t, "full_tensor") else t
+    return full if device is None else full.to(device)
 
 
 def bucketed(
@@ -101,7 +104,7 @@ def bucketed(
     items = plan(trainer, dtype)
     params = {name: p for name, p, _ in items}
     for chunk in buckets(((name, meta) for name, _, meta in items), bucket_bytes):
-        yield [(name, _full(params[name], dtype)) for name, _ in chunk]
+        yield [(name, _full(params[name], dtype, trainer.device)) for name, _ in chunk]
 
 
 def export_safetensors(trainer, target: Path, dtype: torch.dtype, shard_bytes: int) -> Path:
