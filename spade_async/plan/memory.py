@@ -21,7 +21,8 @@ Trainer GPU, full fine-tuning, ``trainer.offload = "none"`` (model.py / step.py 
   the adapters (P_a parameters) cost 16 P_a/R like full fine-tuning; no unsharded base
   gradients (only the adapters' 4 P_a-sized ones, counted in the 16);
 - KL reference (kl_coef > 0, kl_reference = "initial"): a frozen sharded copy (4P/R, on the
-  host with offload) + its own c(Q + 2B) compute copies during its forward;
+  host with offload) + its own c(Q + 2B) compute copies during its forward; with LoRA none
+  (the base with the adapters disabled is the initial policy);
 - activations at t tokens per rank, per token per layer, in elements of c bytes:
   attention e_a = 2D + (q + 2kv) + (q + kv) [roped q, k] + (q + kv if q/k-norm) + q, plus
   4 bytes x heads (the softmax log-sum-exp); MLP dense e_m = 2D + 4I, MoE e_m = 2D + k(D +
@@ -235,7 +236,7 @@ def trainer_gpu(
         grads = 4 * P // R + unsharded_grads
         optimizer = 8 * P // R
     reference = 0
-    if kl_reference:
+    if kl_reference and lora is None:  # LoRA: the base with adapters off is the reference
         reference = work + (0 if off else 4 * P // R)
         host += 4 * P // R if off else 0
     sp = max(1, sequence_parallel)

@@ -59,6 +59,13 @@ class Trainer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         self.device = device or torch.device("cpu")
+        if cfg.lora is not None or cfg.sequence_parallel > 1:
+            from spade_async.errors import ConfigError
+
+            raise ConfigError(
+                "trainer.lora / trainer.sequence_parallel are planned by --dry-run but not "
+                "run by the trainer yet: remove trainer.lora, set trainer.sequence_parallel = 1"
+            )
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
         # KL reference: the initial policy, frozen, sharded like the policy (one more fp32 copy
