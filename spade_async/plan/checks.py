@@ -7,7 +7,7 @@
 - ``trainer.offload``: "optimizer" needs trainer GPUs (CPU ranks already keep every state
   in host memory), and FSDP2's CPUOffloadPolicy in this torch.
 
-``check_start`` adds what the trainer does not implement yet (LoRA, sequence parallel):
+``check_start`` adds what the trainer does not implement yet (sequence parallel):
 refused at start, planned by the dry run.
 """
 
@@ -106,11 +106,6 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
 
 def check_start(cfg: Config) -> None:
     """At start only: the knobs the dry run plans but the trainer does not run yet."""
-    if cfg.trainer.lora is not None:
-        raise ConfigError(
-            "trainer.lora: the trainer does not train adapters yet (--dry-run plans them); "
-            "remove trainer.lora"
-        )
     if cfg.trainer.sequence_parallel > 1:
         raise ConfigError(
             f"trainer.sequence_parallel = {cfg.trainer.sequence_parallel}: the trainer does "

@@ -17,9 +17,10 @@ Trainer GPU, full fine-tuning, ``trainer.offload = "none"`` (model.py / step.py 
 - offload "optimizer" (FSDP2 ``CPUOffloadPolicy``): the three 4P/R, 4P/R, 8P/R shards move to
   pinned host memory (16P/R per rank); the GPU keeps the compute copies and the unsharded
   gradients, plus one group's fp32 shard in flight each way (4 max(B, Q)/R twice);
-- LoRA: the frozen base is sharded in the compute dtype (cP/R, no gradient, no moments);
-  the adapters (P_a parameters) cost 16 P_a/R like full fine-tuning; no unsharded base
-  gradients (only the adapters' 4 P_a-sized ones, counted in the 16);
+- LoRA (trainer/lora.py): the frozen base keeps its fp32 shard (4P/R, no gradient, no
+  moments; on the host with offload) and its compute copies; the adapters (P_a parameters)
+  cost 16 P_a/R like full fine-tuning plus c P_a unsharded gradients; no unsharded base
+  gradients;
 - KL reference (kl_coef > 0, kl_reference = "initial"): a frozen sharded copy (4P/R, on the
   host with offload) + its own c(Q + 2B) compute copies during its forward; with LoRA none
   (the base with the adapters disabled is the initial policy);
@@ -220,12 +221,12 @@ def trainer_gpu(
     host = 0
     if lora is not None:
         Pa = lora_params(shape, lora.rank, lora.target_modules)
-        params = c * P // R + work + 4 * Pa // R
+        params = 4 * P // R + work + 4 * Pa // R
         grads = 4 * Pa // R + c * Pa  # sharded fp32 + the adapters' unsharded grads (tiny)
         optimizer = 8 * Pa // R
         if off:
-            host = 16 * Pa // R
-            params, grads, optimizer = c * P // R + work, c * Pa, 0
+            host = 4 * P // R + 16 * Pa // R
+            params, grads, optimizer = work, c * Pa, 0
     elif off:
         params = work + 4 * big // R
         grads = unsharded_grads + 4 * big // R

@@ -164,8 +164,17 @@ def load_policy(
     if shard:
         from spade_async.trainer.sharded import load_sharded
 
+        adapt = None
+        if cfg.lora is not None:
+            from spade_async.trainer.lora import inject
+
+            adapt = lambda lm: inject(lm, cfg.lora, cfg.seed)  # noqa: E731
         return load_sharded(
-            model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
+            model_dir,
+            device,
+            attn_implementation=impl,
+            wrap=lambda lm: _wrap(cfg, lm, device),
+            adapt=adapt,
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation=impl
@@ -174,6 +183,10 @@ def load_policy(
 
 
 def _prepare(cfg: TrainerConfig, causal_lm: nn.Module) -> PolicyModel:
+    if cfg.lora is not None and not getattr(causal_lm, "peft_config", None):
+        from spade_async.trainer.lora import inject
+
+        causal_lm = inject(causal_lm, cfg.lora, cfg.seed)  # frozen base + adapters
     if cfg.activation_checkpointing:
         causal_lm.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}

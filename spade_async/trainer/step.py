@@ -59,26 +59,29 @@ class Trainer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         self.device = device or torch.device("cpu")
-        if cfg.lora is not None or cfg.sequence_parallel > 1:
+        if cfg.sequence_parallel > 1:
             from spade_async.errors import ConfigError
 
             raise ConfigError(
-                "trainer.lora / trainer.sequence_parallel are planned by --dry-run but not "
-                "run by the trainer yet: remove trainer.lora, set trainer.sequence_parallel = 1"
+                "trainer.sequence_parallel is planned by --dry-run but not run by the trainer "
+                "yet: set trainer.sequence_parallel = 1"
             )
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
         # KL reference: the initial policy, frozen, sharded like the policy (one more fp32 copy
         # of the weights, 4 B/param / R); model_dir is the base model even on a resume
         self.ref_model: PolicyModel | None = None
-        if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
+        # LoRA: the base with the adapters off *is* the initial policy (no extra copy)
+        self.ref_adapters_off = cfg.lora is not None and cfg.kl_coef > 0
+        self.ref_adapters_off &= cfg.kl_reference == "initial"
+        if cfg.kl_coef > 0 and cfg.kl_reference == "initial" and not self.ref_adapters_off:
             ref_cfg = msgspec.structs.replace(cfg, activation_checkpointing=False)
             self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
             self.ref_model.requires_grad_(False)
             self.ref_model.eval()
         self.vocab_size = int(self.model.causal_lm.config.vocab_size)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
             lr=cfg.lr,
             betas=cfg.betas,
             eps=cfg.eps,
@@ -106,7 +109,20 @@ class Trainer:
         logprob_T, entropy_T = out if want_entropy else (out, None)
         old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
         ref_T = mb.rollout_logprob_T if cfg.kl_coef > 0 else None
-        if self.ref_model is not None:
+        if self.ref_adapters_off:
+            from spade_async.trainer.lora import adapters_off
+
+            with torch.no_grad(), adapters_off(self.model):
+                ref_T = self.model(
+                    mb.input_ids,
+                    mb.position_ids,
+                    mb.target_T,
+                    mb.attention_mask,
+                    index_K=mb.loss_index_K,
+                    cu_seqlens=mb.cu_seqlens,
+                    max_seqlen=mb.max_seqlen,
+                )
+        elif self.ref_model is not None:
             with torch.no_grad():
                 ref_T = self.ref_model(
                     mb.input_ids,

@@ -1,0 +1,148 @@
+"""trainer.lora (trainer/lora.py): peft adapters on the frozen base, in one process.
+
+Only the adapters train; the KL reference is the base with the adapters off; the export's
+merged model is W + (alpha / r) B A and its adapter/ directory loads with peft's own
+PeftModel onto the base with the same logits; a checkpoint resumes bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from numerics import assert_close_norm, forward_bound
+from safetensors.torch import load_file
+
+from spade_async.errors import ConfigError
+from spade_async.trainer.batch import Batch, Sample
+from spade_async.trainer.config import LoraConfig, TrainerConfig
+
+pytest.importorskip("peft", reason="peft is a project dependency (pip install peft)")
+
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
+
+
+def _batch(step: int) -> Batch:
+    g = torch.Generator().manual_seed(step)
+    samples = []
+    for i in range(4):
+        n = 6 + 3 * i
+        ids = torch.randint(0, 49152, (n,), generator=g).tolist()
+        mask = [0] * 3 + [1] * (n - 3)
+        samples.append(
+            Sample(
+                token_ids=ids,
+                loss_mask=mask,
+                advantage=float(i) - 1.5,
+                rollout_logprobs=[-10.5 * m for m in mask],
+            )
+        )
+    return Batch(samples=samples)
+
+
+def _cfg(model, **kw) -> TrainerConfig:
+    return TrainerConfig(model=str(model), lr=1e-2, **{"lora": LORA, **kw})
+
+
+# peft 0.21's PeftModel reads transformers' deprecated is_gradient_checkpointing
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_only_adapters_train_and_export_merges(tiny_model, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from spade_async.trainer.checkpoint import export_hf
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(_cfg(tiny_model), tiny_model)
+    named = dict(trainer.model.causal_lm.named_parameters())
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert len(trainable) == 2 * 3 * 2  # A and B x 3 targets x 2 layers
+    opt = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert opt == {id(named[n]) for n in trainable}
+    before = {n: p.detach().clone() for n, p in named.items()}
+    for s in range(2):
+        trainer.train_step(_batch(s))
+    for n, p in named.items():
+        changed = not torch.equal(p.detach(), before[n])
+        # A moves; B starts at 0 and moves; every base weight stays exactly as loaded
+        assert changed == (n in trainable), n
+    out = export_hf(trainer, tmp_path / "hf")
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    m = "model.layers.1.self_attn.q_proj"
+    a, b = named[f"{m}.lora_A.default.weight"], named[f"{m}.lora_B.default.weight"]
+    want = named[f"{m}.base_layer.weight"] + (LORA.alpha / LORA.rank) * (b @ a)
+    assert_close_norm(
+        dict(merged.named_parameters())[f"{m}.weight"].detach(),
+        want.detach().double(),
+        forward_bound(merged.config, LORA.rank),
+        "merged q_proj",
+    )
+    # the merged export and peft's adapter on the base give the trainer's logits
+    adapter = out / "adapter"
+    meta = json.loads((adapter / "adapter_config.json").read_text())
+    assert (meta["peft_type"], meta["r"], meta["lora_alpha"]) == ("LORA", 4, 8.0)
+    peft_model = PeftModel.from_pretrained(base, str(adapter))
+    ids = torch.tensor([_batch(3).samples[3].token_ids])
+    with torch.no_grad():
+        ref = trainer.model.causal_lm(ids).logits.double()
+        got_merged = merged(ids).logits
+        got_peft = peft_model(ids).logits
+    bound = forward_bound(merged.config, ids.shape[1])
+    assert_close_norm(got_merged, ref, bound, "merged logits")
+    assert_close_norm(got_peft, ref, bound, "peft adapter logits")
+    fresh = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    with torch.no_grad():  # (peft injected its layers into `base` in place)
+        plain = fresh(ids).logits.double()
+    assert (plain - ref).norm() > 100 * bound * ref.norm()  # the adapter changed the model
+    adapter_bytes = (adapter / "adapter_model.safetensors").stat().st_size
+    assert adapter_bytes < 0.05 * (out / "model.safetensors").stat().st_size
+
+
+def test_kl_reference_is_the_base_with_adapters_off(tiny_model):
+    from spade_async.trainer.lora import adapters_off
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(_cfg(tiny_model, kl_coef=0.1), tiny_model)
+    assert trainer.ref_model is None and trainer.ref_adapters_off  # no second copy
+    trainer.train_step(_batch(0))
+    trainer.train_step(_batch(1))
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    ids = torch.tensor([_batch(2).samples[2].token_ids])
+    with torch.no_grad(), adapters_off(trainer.model):
+        off = trainer.model.causal_lm(ids).logits
+    with torch.no_grad():
+        on = trainer.model.causal_lm(ids).logits
+        want = base(ids).logits
+    assert torch.equal(off, want)  # the same base weights, the same ops: bit for bit
+    assert not torch.equal(on, want)
+
+
+def test_checkpoint_holds_the_adapter_and_resumes(tiny_model, tmp_path):
+    from spade_async.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
+    from spade_async.trainer.step import Trainer
+
+    a = Trainer(_cfg(tiny_model), tiny_model)
+    a.train_step(_batch(0))
+    save_checkpoint(a, tmp_path / "ck")
+    a.train_step(_batch(1))
+    export_hf(a, tmp_path / "straight")
+    b = Trainer(_cfg(tiny_model), tiny_model)
+    load_checkpoint(b, tmp_path / "ck")
+    b.train_step(_batch(1))
+    export_hf(b, tmp_path / "resumed")
+    x = load_file(tmp_path / "straight" / "adapter" / "adapter_model.safetensors")
+    y = load_file(tmp_path / "resumed" / "adapter" / "adapter_model.safetensors")
+    assert x.keys() == y.keys() and len(x) == 12
+    for k in x:
+        assert torch.equal(x[k], y[k]), k
+
+
+def test_absent_target_module_is_a_config_error(tiny_model):
+    from spade_async.trainer.step import Trainer
+
+    with pytest.raises(ConfigError, match="wq"):
+        Trainer(_cfg(tiny_model, lora=LoraConfig(target_modules=("wq",))), tiny_model)
