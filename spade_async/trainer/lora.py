@@ -184,3 +184,64 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
             tmp.rename(target)
     _barrier()
     return target
+
+
+# ---- adapter-only weight push ------------------------------------------------------------------
+def adapter_name(version: int) -> str:
+    """The name a policy version's adapter is loaded under on the engines (one per version)."""
+    return f"spade-v{version}"
+
+
+def push_adapter(
+    trainer,
+    engines: list[str],
+    *,
+    shm_dir: str = "",
+    timeout: float = 300.0,
+    keep: int = 1,
+    dtype: str = "",
+    transport=None,
+) -> dict[str, str]:
+    """Every rank calls this: export only the adapters (peft format, the engine's dtype) to
+    shared memory, ``POST /load_lora_adapter`` them on every engine under
+    ``adapter_name(version)``, then unload the adapters older than the ``keep`` previous
+    versions (SGLang's unload stops new requests on that name at once and returns when the
+    in-flight requests using it have finished, so a sample's adapter never changes under
+    it). Returns {engine URL: adapter name} on rank 0."""
+    import os
+    import shutil
+
+    import httpx
+
+    from spade_async.trainer.stream import engine_dtype
+    from spade_async.trainer.weights import WeightPushError, _check, _shm_root
+
+    root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
+    target = root / f"lora-v{trainer.version}"
+    export_adapter(trainer, target, engine_dtype(trainer.model_dir, dtype, sglang_auto=False))
+    if trainer.rank != 0:
+        return {}
+    name = adapter_name(trainer.version)
+    loaded: list[int] = getattr(trainer, "pushed_adapters", [])
+    with httpx.Client(timeout=timeout, transport=transport) as client:
+        for url in engines:
+            body = {"lora_name": name, "lora_path": str(target)}
+            resp = client.post(f"{url}/load_lora_adapter", json=body)
+            if resp.status_code != 200 or not resp.json().get("success"):
+                raise WeightPushError(
+                    f"engine {url} refused adapter {name} ({resp.status_code}): "
+                    f"{resp.json().get('error_message') if resp.content else resp.text}"
+                )
+        loaded = [*loaded, trainer.version]
+        old, keep_versions = loaded[: -1 - keep], loaded[-1 - keep :]
+        for v in old:
+            for url in engines:
+                _check(
+                    url,
+                    client.post(f"{url}/unload_lora_adapter", json={"lora_name": adapter_name(v)}),
+                )
+    trainer.pushed_adapters = keep_versions
+    for d in root.iterdir():  # exports of unloaded adapters
+        if d.name.startswith("lora-v") and int(d.name[6:]) not in keep_versions:
+            shutil.rmtree(d, ignore_errors=True)
+    return {url: name for url in engines}

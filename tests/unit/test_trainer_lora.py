@@ -146,3 +146,65 @@ def test_absent_target_module_is_a_config_error(tiny_model):
 
     with pytest.raises(ConfigError, match="wq"):
         Trainer(_cfg(tiny_model, lora=LoraConfig(target_modules=("wq",))), tiny_model)
+
+
+def test_adapter_push_serves_the_policy_and_unloads_old_versions(tiny_model, tmp_path):
+    """Each push sends only the adapter under a new name; the engine then serves exactly
+    the trainer's policy for requests naming it; the one before stays loaded (samples of
+    version v-1 may still be generating), older ones are unloaded."""
+    import httpx
+    from safetensors.torch import load_file as load
+
+    from spade_async.generation.server import make_engine_app, serve_in_thread
+    from spade_async.trainer.checkpoint import export_hf
+    from spade_async.trainer.lora import push_adapter
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(_cfg(tiny_model), tiny_model)
+    app = make_engine_app(str(tiny_model), context_length=64, enable_lora=True, max_lora_rank=4)
+    shm = tmp_path / "shm"
+    prompt = [1, 5, 9, 13]
+    with serve_in_thread(app) as url:
+        trainer.train_step(_batch(0))
+        assert push_adapter(trainer, [url], shm_dir=str(shm)) == {url: "spade-v1"}
+        out = httpx.post(
+            f"{url}/generate",
+            timeout=60,
+            json={
+                "input_ids": prompt,
+                "lora_path": "spade-v1",
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 3, "temperature": 0.0},
+            },
+        ).json()
+        for s in (1, 2):
+            trainer.train_step(_batch(s))
+            push_adapter(trainer, [url], shm_dir=str(shm))
+        assert sorted(app.lora.loaded()) == ["spade-v2", "spade-v3"]
+    exports = sorted(p.name for p in shm.rglob("lora-v*") if p.is_dir())
+    assert exports == ["lora-v2", "lora-v3"]
+    # the payload: the adapter tensors only, r (in + out) per target per layer, as the
+    # dry run's planner counts them (plan/memory.py)
+    from spade_async.plan.memory import lora_params
+    from spade_async.plan.shapes import model_shape
+
+    sent = load(next(shm.rglob("lora-v3/adapter_model.safetensors")))
+    n = sum(t.numel() for t in sent.values())
+    shape = model_shape(tiny_model)
+    assert n == lora_params(shape, 4, list(LORA.target_modules)) == 3328
+    assert n < 0.01 * shape.params
+    # what spade-v1 served is the trainer's version-1 policy (from its merged export)
+    b = Trainer(_cfg(tiny_model), tiny_model)
+    b.train_step(_batch(0))
+    export_hf(b, tmp_path / "v1")
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "v1", dtype=torch.float32)
+    ids = torch.tensor([prompt + out["output_ids"]])
+    with torch.no_grad():
+        lp = torch.log_softmax(merged(ids).logits[0].double(), -1)
+    want = torch.tensor(
+        [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(out["output_ids"])]
+    )
+    got = torch.tensor([row[0] for row in out["meta_info"]["output_token_logprobs"]])
+    assert_close_norm(got, want, forward_bound(merged.config, ids.shape[1]), "served log-probs")
