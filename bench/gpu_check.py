@@ -17,7 +17,9 @@ the rest still run): ``peak`` (measured bf16 matmul peak), ``kernels`` (Triton
 linear_logprob, policy loss: error vs float64, time and peak memory vs naive and Liger),
 ``trainer`` (packed bf16 FSDP2 train steps of a random Qwen3-shaped model through the
 project's Trainer: tokens/s, MFU), ``export`` (the trainer's ``push_tensor`` path to an
-engine child process over CUDA IPC handles), ``sglang`` (skipped unless SGLang imports).
+engine child process over CUDA IPC handles), ``sglang`` (skipped unless SGLang imports),
+``scale`` (a LoRA step and an optimizer-offloaded step beside full fine-tuning, tokens/s
+ratios in the same run, and one 32k-token packed row; gpucheck/scale.py).
 The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``.
 """
 
@@ -59,7 +61,7 @@ make_importable()
 
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
-PART_NAMES = ("peak", "kernels", "trainer", "export", "sglang")
+PART_NAMES = ("peak", "kernels", "trainer", "export", "sglang", "scale")
 
 
 def log(msg: str) -> None:
@@ -152,6 +154,9 @@ def summarize(parts: dict) -> dict:
         "packed_vs_padded_sorted": _get(parts, "trainer", "packed_vs_padded_sorted"),
         "export_gb_per_s": pushes[-1].get("gb_per_s"),
         "export_weights_match": _get(parts, "export", "weights_match"),
+        "lora_vs_full": _get(parts, "scale", "lora_vs_full"),
+        "offload_vs_full": _get(parts, "scale", "offload_vs_full"),
+        "long_row_tokens_per_s": _get(parts, "scale", "long_row", "tokens_per_s"),
     }
 
 
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.quick:
         print("error: --device cpu runs only the tiny sizes; add --quick", file=sys.stderr)
         return 2
-    from gpucheck import export, kernels, sglang_part, trainer
+    from gpucheck import export, kernels, scale, sglang_part, trainer
 
     fns = {
         "peak": trainer.peak_part,
@@ -197,6 +202,7 @@ def main(argv=None) -> int:
         "trainer": trainer.trainer_part,
         "export": export.export_part,
         "sglang": sglang_part.sglang_part,
+        "scale": scale.scale_part,  # LoRA / offload steps beside full FT, a 32k packed row
     }
     t0 = time.perf_counter()
     ctx = {"device": args.device, "sizes": sizes, "log": log}

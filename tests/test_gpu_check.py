@@ -35,7 +35,7 @@ def test_dry_run_lists_parts_and_sizes():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert plan["parts"] == ["peak", "kernels", "trainer", "export", "sglang"]
+    assert plan["parts"] == ["peak", "kernels", "trainer", "export", "sglang", "scale"]
     assert plan["sizes"]["kernels"]["timing"]["V"] == 151936
     assert plan["sizes"]["trainer"]["model"]["hidden_size"] == 2048
     assert sum(plan["sizes"]["budget_s"].values()) < 5 * 60  # rerunnable within the lease
@@ -116,3 +116,5 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert export["weights_match"] and export["child_exit"] == 0
     assert export["pushes"][-1]["bytes"] == export["pushes"][0]["bytes"] > 0
     assert parts["sglang"].get("skipped") == "sglang not installed" or "error" in parts["sglang"]
+    scale = parts["scale"]  # offloaded and long-row steps run on CPU too (LoRA needs peft)
+    assert scale["offload"]["tokens_per_s"] > 0 and scale["long_row"]["tokens_per_s"] > 0

@@ -33,7 +33,10 @@ FULL = {
         "steps": 3,
     },
     "export": {"bucket_mib": 512, "pushes": 2},
-    "budget_s": {"peak": 20, "kernels": 100, "trainer": 130, "export": 40, "sglang": 5},
+    "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
+    "budget_s": {
+        "peak": 20, "kernels": 100, "trainer": 130, "export": 40, "sglang": 5, "scale": 120,
+    },
 }
 
 QUICK = copy.deepcopy(FULL)
@@ -59,7 +62,10 @@ QUICK["trainer"].update(
     max_len=2048,
     steps=2,
 )
-QUICK["budget_s"] = {"peak": 20, "kernels": 60, "trainer": 90, "export": 45, "sglang": 10}
+QUICK["budget_s"] = {
+    "peak": 20, "kernels": 60, "trainer": 90, "export": 45, "sglang": 10, "scale": 90,
+}
+QUICK["scale"] = {"lora_rank": 16, "steps": 1, "row_tokens": 8192}
 
 CPU = copy.deepcopy(QUICK)
 CPU["peak"] = {"n": 512, "reps": 5, "dtype": "float32"}
@@ -86,7 +92,10 @@ CPU["trainer"].update(
     steps=1,
 )
 CPU["export"] = {"bucket_mib": 1, "pushes": 2}
-CPU["budget_s"] = {"peak": 30, "kernels": 60, "trainer": 120, "export": 60, "sglang": 10}
+CPU["budget_s"] = {
+    "peak": 30, "kernels": 60, "trainer": 120, "export": 60, "sglang": 10, "scale": 120,
+}
+CPU["scale"] = {"lora_rank": 4, "steps": 1, "row_tokens": 512}
 
 
 def pick(device: str, quick: bool) -> dict:
