@@ -19,7 +19,8 @@ linear_logprob, policy loss: error vs float64, time and peak memory vs naive and
 project's Trainer: tokens/s, MFU), ``export`` (the trainer's ``push_tensor`` path to an
 engine child process over CUDA IPC handles), ``sglang`` (skipped unless SGLang imports),
 ``scale`` (a LoRA step and an optimizer-offloaded step beside full fine-tuning, tokens/s
-ratios in the same run, and one 32k-token packed row; gpucheck/scale.py).
+ratios in the same run, and one 32k-token packed row; gpucheck/scale.py; not in the
+default run: ``--parts trainer,scale``).
 The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``.
 """
 
@@ -62,6 +63,9 @@ make_importable()
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
 PART_NAMES = ("peak", "kernels", "trainer", "export", "sglang", "scale")
+# the default run fits one lease with room to rerun; ``scale`` (LoRA / offload / 32k row,
+# ~2 min) is a second call: --parts trainer,scale
+DEFAULT_PARTS = ("peak", "kernels", "trainer", "export", "sglang")
 
 
 def log(msg: str) -> None:
@@ -166,7 +170,11 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="smaller sizes")
     p.add_argument("--dry-run", action="store_true", help="list parts and sizes, run nothing")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--parts", default=",".join(PART_NAMES), help="comma list of parts to run")
+    p.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma list of parts to run (of {','.join(PART_NAMES)})",
+    )
     return p.parse_args(argv)
 
 

@@ -69,8 +69,8 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ) = "none"
     lora: Doc(
         LoraConfig | None,
-        "train LoRA adapters on a frozen base (planned by --dry-run; the trainer refuses it "
-        "until adapters are implemented)",
+        "train peft LoRA adapters on the frozen base, e.g. { rank = 16, alpha = 32 } "
+        "(trainer/lora.py); unset = full fine-tuning",
     ) = None
     sequence_parallel: Doc(
         int,

@@ -26,6 +26,8 @@ EXPECTED = {
     "qwen3-8b-fixed-pool.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-30b-a3b-games.toml": ("/models/Qwen3-30B-A3B", [[0, 1]], [2, 3, 4, 5, 6, 7], 0.0),
     "qwen3-30b-a3b-tool-use.toml": ("/models/Qwen3-30B-A3B", [[0, 1]], [2, 3, 4, 5, 6, 7], 0.0),
+    # 8xH100: the same, with the trainer's optimizer state in host memory (trainer.offload)
+    "qwen3-30b-a3b-games-h100.toml": ("/models/Qwen3-30B-A3B", [[0, 1]], [2, 3, 4, 5, 6, 7], 0.0),
 }
 
 
