@@ -437,6 +437,12 @@ def describe(cfg: Config, run_dir: str | Path, *, gpu: str = "", sample_tokens: 
     if resumed is not None:
         load, engine_model = str(resumed[1]), rd.hf if rd.hf.is_dir() else model_dir
     check_attention(cfg)
+    from spade_async.plan.checks import check_start
+
+    try:  # what a real start would refuse, said in the plan
+        check_start(cfg)
+    except ConfigError as exc:
+        warnings.append(f"a real start would stop: {exc}")
     visible, source = visible_gpus()
     missing = missing_gpus(cfg, visible)
     if missing:

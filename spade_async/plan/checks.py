@@ -2,13 +2,13 @@
 
 - ``trainer.lora``: a model family or target module peft cannot adapt here (the trainer's
   families are Llama/Qwen; Qwen3-MoE's experts are fused 3-D parameters, not nn.Linear);
-- ``trainer.sequence_parallel``: N must divide the attention heads (Ulysses all-to-all
-  splits them) and the KV heads (or be a multiple of them), and the trainer ranks;
+- ``trainer.sequence_parallel``: N must divide the attention heads and the KV heads (the
+  Ulysses all-to-all splits both) and the trainer ranks;
 - ``trainer.offload``: "optimizer" needs trainer GPUs (CPU ranks already keep every state
   in host memory), and FSDP2's CPUOffloadPolicy in this torch.
 
-``check_start`` adds what the trainer does not implement yet (sequence parallel):
-refused at start, planned by the dry run.
+``check_start`` adds what the trainer does not run yet (sequence parallel with a per-sample
+token mean): refused at start, planned by the dry run.
 """
 
 from __future__ import annotations
@@ -89,14 +89,8 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
                 f"trainer.sequence_parallel = {n} does not divide the {ranks} trainer ranks: "
                 f"pick a divisor of {ranks}"
             )
-        if shape is not None and (
-            shape.heads % n or not (shape.kv_heads % n == 0 or n % shape.kv_heads == 0)
-        ):
-            fits = [
-                k
-                for k in (2, 4, 8, 16)
-                if shape.heads % k == 0 and (shape.kv_heads % k == 0 or k % shape.kv_heads == 0)
-            ]
+        if shape is not None and (shape.heads % n or shape.kv_heads % n):
+            fits = [k for k in (2, 4, 8, 16) if shape.heads % k == 0 and shape.kv_heads % k == 0]
             raise ConfigError(
                 f"trainer.sequence_parallel = {n} does not divide {shape.name}'s {shape.heads} "
                 f"attention heads ({shape.kv_heads} KV heads), which the all-to-all splits: "
@@ -106,8 +100,9 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
 
 def check_start(cfg: Config) -> None:
     """At start only: the knobs the dry run plans but the trainer does not run yet."""
-    if cfg.trainer.sequence_parallel > 1:
+    if cfg.trainer.sequence_parallel > 1 and cfg.trainer.loss_agg == "seq-mean-token-mean":
         raise ConfigError(
-            f"trainer.sequence_parallel = {cfg.trainer.sequence_parallel}: the trainer does "
-            "not split rows across ranks yet (--dry-run plans it); set it to 1"
+            "trainer.sequence_parallel > 1 with trainer.loss_agg = 'seq-mean-token-mean' is "
+            "not supported yet (a slice sees part of a sample): use 'token' or "
+            "'seq-mean-token-sum', or sequence_parallel = 1"
         )

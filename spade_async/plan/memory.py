@@ -342,7 +342,9 @@ def plan_memory(cfg: Config, shape: ModelShape, gpu: Gpu, *, sample_tokens: int 
     longest, estimated = longest_sample(cfg)
     if sample_tokens:
         longest, estimated = sample_tokens, False
-    tokens = max(longest, cfg.trainer.micro_batch_tokens)  # a longer sample packs alone
+    # a row packs micro_batch_tokens per rank (x sequence_parallel ranks); a longer sample
+    # packs alone
+    tokens = max(longest, cfg.trainer.micro_batch_tokens * max(1, cfg.trainer.sequence_parallel))
     trainer = _trainer_for(cfg, shape, gpu, tokens)
     full_push = 2 * shape.params
     push = full_push

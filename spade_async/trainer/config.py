@@ -74,8 +74,8 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ) = None
     sequence_parallel: Doc(
         int,
-        "Ulysses sequence-parallel group size for rows longer than one rank's budget (planned "
-        "by --dry-run; the trainer refuses > 1 until implemented)",
+        "Ulysses sequence-parallel group size: N ranks share each packed row of up to N x "
+        "micro_batch_tokens tokens, attention all-to-all over heads (trainer/sequence_parallel.py)",
     ) = 1
     activation_checkpointing: Doc(bool, "recompute each decoder block in backward") = False
     hsdp: Doc(

@@ -59,12 +59,21 @@ class Trainer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         self.device = device or torch.device("cpu")
-        if cfg.sequence_parallel > 1:
+        self.sp = max(1, cfg.sequence_parallel)
+        if self.sp > 1 and (not self.distributed or self.world % self.sp):
             from spade_async.errors import ConfigError
 
             raise ConfigError(
-                "trainer.sequence_parallel is planned by --dry-run but not run by the trainer "
-                "yet: set trainer.sequence_parallel = 1"
+                f"trainer.sequence_parallel = {self.sp} needs a multiple of {self.sp} trainer "
+                f"ranks (have {self.world})"
+            )
+        if self.sp > 1 and cfg.loss_agg == "seq-mean-token-mean":
+            from spade_async.errors import ConfigError
+
+            raise ConfigError(
+                "trainer.sequence_parallel > 1 with loss_agg = 'seq-mean-token-mean' is not "
+                "supported yet (a slice sees part of a sample): use 'token' or "
+                "'seq-mean-token-sum', or sequence_parallel = 1"
             )
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
@@ -79,6 +88,11 @@ class Trainer:
             self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
             self.ref_model.requires_grad_(False)
             self.ref_model.eval()
+        self.sp_group = None
+        if self.sp > 1:  # Ulysses: the same packed row on sp ranks, each a slice of it
+            from spade_async.trainer.sequence_parallel import setup
+
+            self.sp_group = setup(self.model, self.sp, self.rank, self.world)
         self.vocab_size = int(self.model.causal_lm.config.vocab_size)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
@@ -173,10 +187,13 @@ class Trainer:
         packed = layout == "packed"
         pad_to = max(len(s.token_ids) for s in samples) if layout == "padded_max" else 0
         denominator = loss_denominator(samples, self.cfg.loss_agg)
+        if self.sp > 1 and not packed:
+            raise ValueError("sequence parallel trains packed rows: layout must be 'packed'")
+        slots = self.world // self.sp  # an SP group shares one slot's micro-batches
         plan = plan_microbatches(
             [len(s.token_ids) for s in samples],
-            self.world,
-            self.cfg.micro_batch_tokens,
+            slots,
+            self.cfg.micro_batch_tokens * self.sp,  # a row split over sp ranks
             packed=packed,
             sorted_buckets=layout == "padded_sorted",
         )
@@ -184,8 +201,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         loss_tokens = torch.zeros((), device=self.device)
         n_tokens = 0
-        for indices in plan[self.rank]:
+        for indices in plan[self.rank // self.sp]:
             mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
+            if self.sp > 1:
+                from spade_async.trainer.sequence_parallel import shard
+
+                mb = shard(mb, self.rank % self.sp, self.sp)
             mb = mb.to(self.device)
             loss, metrics = self._loss(mb, denominator)
             loss.backward()
@@ -204,7 +225,7 @@ class Trainer:
                 torch.tensor(float(n_tokens), device=self.device),
             ]
         )
-        return vec, keys, len(plan[self.rank])
+        return vec, keys, len(plan[self.rank // self.sp])
 
     def train_step(
         self, batch: Batch, *, validated: bool = False, layout: str | None = None
