@@ -164,7 +164,7 @@ def export_hf(trainer, directory: str | Path, *, shard_bytes: int = 0) -> Path:
     out = stream.export_safetensors(
         trainer, Path(directory), dtype, shard_bytes or stream.DISK_SHARD_BYTES
     )
-    if getattr(trainer.cfg, "lora", None) is not None:  # the merged model + the adapter alone
+    if getattr(getattr(trainer, "cfg", None), "lora", None) is not None:  # + the adapter alone
         from spade_async.trainer.lora import export_adapter
 
         export_adapter(trainer, out / "adapter", dtype)

@@ -84,11 +84,10 @@ def _merged(trainer, hf: str, dtype: torch.dtype, pairs: dict, named: dict) -> t
     tensors (one module's at a time), then cast."""
     a_name, b_name = pairs[hf]
     lora = trainer.cfg.lora
-    w = _full(
-        named[hf.removesuffix(".weight") + ".base_layer.weight"], torch.float32, trainer.device
-    )
-    a = _full(named[a_name], torch.float32, trainer.device)
-    b = _full(named[b_name], torch.float32, trainer.device)
+    dev = trainer.device if trainer.cfg.offload == "optimizer" else None
+    w = _on(_full(named[hf.removesuffix(".weight") + ".base_layer.weight"], torch.float32), dev)
+    a = _on(_full(named[a_name], torch.float32), dev)
+    b = _on(_full(named[b_name], torch.float32), dev)
     return (w + (lora.alpha / lora.rank) * (b @ a)).to(dtype)
 
 
@@ -107,13 +106,16 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int):
         yield bucket
 
 
-def _full(p: torch.nn.Parameter, dtype: torch.dtype, device: torch.device | None = None):
-    """The whole parameter in ``dtype``: cast the local shard first, then all-gather it.
-    With optimizer offload the shard lives on the host (gathered over gloo); the full tensor
-    then moves to the trainer's ``device``, where the NCCL/IPC pushes need it."""
+def _full(p: torch.nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
+    """The whole parameter in ``dtype``: cast the local shard first, then all-gather it."""
     t = p.detach().to(dtype)
-    full = t.full_tensor() if hasattr(t, "full_tensor") else t
-    return full if device is None else full.to(device)
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """With optimizer offload the shards live on the host (gathered over gloo): the full
+    tensor moves to the trainer's device, where the NCCL/IPC pushes need it."""
+    return t if device is None or t.device == device else t.to(device)
 
 
 def bucketed(
@@ -124,16 +126,19 @@ def bucketed(
     items = plan(trainer, dtype)
     params = {name: p for name, p, _ in items}
     pairs, named = {}, {}
-    if getattr(trainer.cfg, "lora", None) is not None:
+    if getattr(getattr(trainer, "cfg", None), "lora", None) is not None:
         from spade_async.trainer.lora import lora_pairs
 
         named = {n.removeprefix(PREFIX): p for n, p in trainer.model.named_parameters()}
         pairs = lora_pairs(named)
+    # offloaded shards are gathered on the host: move the full tensors to the device
+    offload = getattr(getattr(trainer, "cfg", None), "offload", "none") == "optimizer"
+    device = trainer.device if offload else None
     for chunk in buckets(((name, meta) for name, _, meta in items), bucket_bytes):
         yield [
             (name, _merged(trainer, name, dtype, pairs, named))
             if name in pairs
-            else (name, _full(params[name], dtype, trainer.device))
+            else (name, _on(_full(params[name], dtype), device))
             for name, _ in chunk
         ]
 
