@@ -100,6 +100,12 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
 
 def check_start(cfg: Config) -> None:
     """At start only: the knobs the dry run plans but the trainer does not run yet."""
+    import importlib.util
+
+    if cfg.trainer.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            "trainer.lora needs the 'peft' package (a project dependency): pip install peft"
+        )
     if cfg.trainer.sequence_parallel > 1 and cfg.trainer.loss_agg == "seq-mean-token-mean":
         raise ConfigError(
             "trainer.sequence_parallel > 1 with trainer.loss_agg = 'seq-mean-token-mean' is "

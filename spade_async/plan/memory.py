@@ -418,11 +418,14 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> list[str]:
             f"{cfg.engine.mem_fraction_static}); {verdict}"
         )
     ratio = plan.push_bytes / plan.full_push_bytes
-    what = "adapters only" if tc.lora is not None else "full model"
-    lines.append(
-        f"  weight push: {plan.push_bytes / 1e6:,.1f} MB bf16 ({what}, {100 * ratio:.2f}% of a "
-        f"full push)"
-    )
+    if tc.lora is None:
+        lines.append(f"  weight push: {plan.full_push_bytes / 1e6:,.1f} MB bf16 (full model)")
+    else:
+        lines.append(
+            f"  weight push: the run loop sends the merged model, {plan.full_push_bytes / 1e6:,.1f}"
+            f" MB bf16; an adapter-only push (PushWeights mode 'lora') is "
+            f"{plan.push_bytes / 1e6:,.1f} MB ({100 * ratio:.2f}% of it)"
+        )
     return lines
 
 
