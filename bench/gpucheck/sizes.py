@@ -35,7 +35,12 @@ FULL = {
     "export": {"bucket_mib": 512, "pushes": 2},
     "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
     "budget_s": {
-        "peak": 20, "kernels": 100, "trainer": 130, "export": 40, "sglang": 5, "scale": 120,
+        "peak": 20,
+        "kernels": 100,
+        "trainer": 130,
+        "export": 40,
+        "sglang": 5,
+        "scale": 120,
     },
 }
 
@@ -63,7 +68,12 @@ QUICK["trainer"].update(
     steps=2,
 )
 QUICK["budget_s"] = {
-    "peak": 20, "kernels": 60, "trainer": 90, "export": 45, "sglang": 10, "scale": 90,
+    "peak": 20,
+    "kernels": 60,
+    "trainer": 90,
+    "export": 45,
+    "sglang": 10,
+    "scale": 90,
 }
 QUICK["scale"] = {"lora_rank": 16, "steps": 1, "row_tokens": 8192}
 
@@ -93,7 +103,12 @@ CPU["trainer"].update(
 )
 CPU["export"] = {"bucket_mib": 1, "pushes": 2}
 CPU["budget_s"] = {
-    "peak": 30, "kernels": 60, "trainer": 120, "export": 60, "sglang": 10, "scale": 120,
+    "peak": 30,
+    "kernels": 60,
+    "trainer": 120,
+    "export": 60,
+    "sglang": 10,
+    "scale": 120,
 }
 CPU["scale"] = {"lora_rank": 4, "steps": 1, "row_tokens": 512}
 

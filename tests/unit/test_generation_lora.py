@@ -105,13 +105,19 @@ def test_unload_waits_for_in_flight_requests_and_refuses_new_ones(tiny_model, ad
         th.start()
         while app.lora.adapters["v1"][1].load() == 0:  # it is running on the adapter
             time.sleep(0.005)
+        engine = app.lora.adapters["v1"][1]
         r = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": "v1"}, timeout=120)
-        t_unload = time.monotonic()
-        th.join()
+        # the unload returned only once the adapter's engine had nothing left to run
+        assert engine.load() == 0 and engine.stats["tokens"] >= 120
+        th.join(timeout=60)
+        assert not th.is_alive()
         assert r.status_code == 200 and r.json()["loaded_adapters"] == {}
-        # the in-flight request finished on the adapter, all 120 tokens, before the unload
+        # the in-flight request finished on the adapter, all 120 tokens, not aborted
         assert done["r"].status_code == 200
-        assert len(done["r"].json()["output_ids"]) == 120 and done["t"] <= t_unload
+        out = done["r"].json()
+        assert (
+            len(out["output_ids"]) == 120 and out["meta_info"]["finish_reason"]["type"] == "length"
+        )
         after = _gen(url, [1, 5, 9], "v1")
         assert after.status_code == 400 and "not loaded" in after.text
         gone = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": "v1"})
