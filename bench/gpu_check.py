@@ -21,8 +21,11 @@ tokens/s, MFU; packed vs padded vs length-sorted; Liger off; the recompute head;
 profiled step), ``export`` (the trainer's ``push_tensor`` path to an engine child process
 over CUDA IPC handles), ``attention`` (torch varlen FlashAttention vs per-sequence SDPA on
 one packed row), ``moe`` (a small Qwen3-MoE step, grouped_mm vs looped experts),
-``sglang`` (skipped unless SGLang imports). The last stdout line is the JSON, also written
-to ``--out DIR/gpu_check.json``; the step profile goes beside it (gpu_check_profile.json).
+``sglang`` (skipped unless SGLang imports), ``scale`` (a LoRA step and an
+optimizer-offloaded step beside full fine-tuning, tokens/s ratios in the same run, and one
+32k-token packed row; gpucheck/scale.py; not in the default run: ``--parts trainer,scale``).
+The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``; the step
+profile goes beside it (gpu_check_profile.json).
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ make_importable()
 
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
-PART_NAMES = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang")
+PART_NAMES = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale")
+# the default run fits one lease with room to rerun; ``scale`` (LoRA / offload / 32k row,
+# ~2 min) is a second call: --parts trainer,scale
+DEFAULT_PARTS = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang")
 
 
 def log(msg: str) -> None:
@@ -170,6 +176,9 @@ def summarize(parts: dict) -> dict:
         "packed_vs_padded_sorted": _get(parts, "trainer", "packed_vs_padded_sorted"),
         "export_gb_per_s": pushes[-1].get("gb_per_s"),
         "export_weights_match": _get(parts, "export", "weights_match"),
+        "lora_vs_full": _get(parts, "scale", "lora_vs_full"),
+        "offload_vs_full": _get(parts, "scale", "offload_vs_full"),
+        "long_row_tokens_per_s": _get(parts, "scale", "long_row", "tokens_per_s"),
     }
 
 
@@ -179,7 +188,11 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="smaller sizes")
     p.add_argument("--dry-run", action="store_true", help="list parts and sizes, run nothing")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--parts", default=",".join(PART_NAMES), help="comma list of parts to run")
+    p.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma list of parts to run (of {','.join(PART_NAMES)})",
+    )
     return p.parse_args(argv)
 
 
@@ -207,7 +220,7 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.quick:
         print("error: --device cpu runs only the tiny sizes; add --quick", file=sys.stderr)
         return 2
-    from gpucheck import attention, export, kernels, moe, sglang_part, trainer
+    from gpucheck import attention, export, kernels, moe, scale, sglang_part, trainer
 
     fns = {
         "peak": trainer.peak_part,
@@ -217,6 +230,7 @@ def main(argv=None) -> int:
         "attention": attention.attention_part,
         "moe": moe.moe_part,
         "sglang": sglang_part.sglang_part,
+        "scale": scale.scale_part,  # LoRA / offload steps beside full FT, a 32k packed row
     }
     t0 = time.perf_counter()
     ctx = {"device": args.device, "sizes": sizes, "log": log}

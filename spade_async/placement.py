@@ -229,6 +229,9 @@ def check_devices(cfg: Config, visible: Iterable[int] | None = None, source: str
             "or inspect the plan with --dry-run"
         )
     check_attention(cfg)
+    from spade_async.plan.checks import check_start
+
+    check_start(cfg)
 
 
 def check_attention(cfg: Config) -> None:
@@ -368,8 +371,10 @@ def format_plan(
     return "\n".join(text)
 
 
-def describe(cfg: Config, run_dir: str | Path) -> str:
-    """``spade train --dry-run``: the plan and its warnings; starts and creates nothing."""
+def describe(cfg: Config, run_dir: str | Path, *, gpu: str = "", sample_tokens: int = 0) -> str:
+    """``spade train --dry-run``: the plan and its warnings; starts and creates nothing.
+    ``gpu`` names the GPU model to plan memory for (``--gpu``; default: the one found here,
+    else an H100-80GB); ``sample_tokens`` overrides the recipe's longest sample."""
     from spade_async.models import EMBEDDED, cache_root
 
     warnings = []
@@ -390,6 +395,12 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
     if resumed is not None:
         load, engine_model = str(resumed[1]), rd.hf if rd.hf.is_dir() else model_dir
     check_attention(cfg)
+    from spade_async.plan.checks import check_start
+
+    try:  # what a real start would refuse, said in the plan
+        check_start(cfg)
+    except ConfigError as exc:
+        warnings.append(f"a real start would stop: {exc}")
     visible, source = visible_gpus()
     missing = missing_gpus(cfg, visible)
     if missing:
@@ -409,7 +420,13 @@ def describe(cfg: Config, run_dir: str | Path) -> str:
         mixed_precision=cfg.trainer.mixed_precision,
         on_gpu=bool(pl.trainer_gpus),
     )
+    from spade_async.plan import GPUS, detect_gpu, gpu_by_name
+    from spade_async.plan.memory import plan_lines
     from spade_async.trainer.model import kernels_line
 
+    found = gpu_by_name(gpu) if gpu else detect_gpu()
+    if found is None:
+        found = msgspec.structs.replace(GPUS["h100-80gb"], source="default")
     kernels = kernels_line(cfg.trainer, on_gpu=bool(pl.trainer_gpus))
-    return format_plan(cfg, plan, warnings, notes=[memory, kernels])
+    notes = [memory, kernels, *plan_lines(cfg, model_dir, found, sample_tokens=sample_tokens)]
+    return format_plan(cfg, plan, warnings, notes=notes)

@@ -207,6 +207,9 @@ def check_budgets(cfg: Config) -> str | None:
 def check(cfg: Config) -> None:
     """Contradictions fail at start with one line."""
     check_placement(cfg)
+    from spade_async.plan.checks import check_scale
+
+    check_scale(cfg)  # LoRA / sequence parallel / offload that cannot work
     from spade_async.engines import check_engine
 
     check_engine(cfg.engine)  # SGLang flags the pinned release lacks

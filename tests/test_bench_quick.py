@@ -24,6 +24,7 @@ def test_every_bench_script_is_listed():
         "generation",
         "eval",
         "logprob",
+        "lora_push",
         "memory",
         "pipeline",
         "report",

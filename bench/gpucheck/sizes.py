@@ -58,6 +58,7 @@ FULL = {
         "T": 4096,
         "reps": 3,
     },
+    "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
     "budget_s": {
         "peak": 20,
         "kernels": 120,
@@ -66,6 +67,7 @@ FULL = {
         "attention": 30,
         "moe": 60,
         "sglang": 5,
+        "scale": 120,
     },
 }
 
@@ -102,7 +104,9 @@ QUICK["budget_s"] = {
     "attention": 30,
     "moe": 45,
     "sglang": 10,
+    "scale": 90,
 }
+QUICK["scale"] = {"lora_rank": 16, "steps": 1, "row_tokens": 8192}
 
 CPU = copy.deepcopy(QUICK)
 CPU["peak"] = {"n": 512, "reps": 5, "dtype": "float32"}
@@ -162,7 +166,9 @@ CPU["budget_s"] = {
     "attention": 30,
     "moe": 60,
     "sglang": 10,
+    "scale": 120,
 }
+CPU["scale"] = {"lora_rank": 4, "steps": 1, "row_tokens": 512}
 
 
 def pick(device: str, quick: bool) -> dict:

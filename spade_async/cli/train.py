@@ -32,6 +32,18 @@ def main(argv: list[str]) -> int:
         help="print the launch plan (every process, its GPUs, its command line) and exit",
     )
     p.add_argument(
+        "--gpu",
+        default="",
+        help="--dry-run: plan memory for this GPU model (h100-80gb, h200-141gb, a100-80gb, ...; "
+        "default: the one nvidia-smi finds, else h100-80gb)",
+    )
+    p.add_argument(
+        "--sample-tokens",
+        type=int,
+        default=0,
+        help="--dry-run: plan for a sample of this many tokens (default: the recipe's longest)",
+    )
+    p.add_argument(
         "--node-rank",
         type=int,
         default=None,
@@ -46,7 +58,7 @@ def main(argv: list[str]) -> int:
         cfg = recipe.load(run_dir.config if run_dir.exists() else args.config, args.overrides)
         from spade_async.launch.nodes import describe_node
 
-        print(describe_node(cfg, run_dir.root))
+        print(describe_node(cfg, run_dir.root, gpu=args.gpu, sample_tokens=args.sample_tokens))
         return 0
     if args.node_rank:  # training node R > 0: its torchrun agent only, in the foreground
         from spade_async.launch.nodes import run_node

@@ -84,6 +84,7 @@ class GenerateReqInput(
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_path: str | list[str | None] | None = None  # the loaded adapter's name (or per prompt)
     # Fields sglang-router (0.3.x) adds when it forwards a request (SGLang's own names);
     # accepted so the CPU engine can sit behind the router. The server rejects the ones it
     # cannot honour. (The router's OpenAI-style ``model`` is in the server's own struct.)

@@ -15,6 +15,11 @@ from typing import Literal
 
 import msgspec
 
+from spade_async.generation.lora import (
+    LoadLoRAAdapterFromTensorsReqInput,
+    LoadLoRAAdapterReqInput,
+    UnloadLoRAAdapterReqInput,
+)
 from spade_async.generation.protocol import (
     BeginWeightUpdateReqInput,
     ContinueGenerationReqInput,
@@ -110,6 +115,18 @@ UPDATE_FROM_TENSOR = Endpoint(
     reply=UpdateWeightsReqOutput,
 )
 
+# LoRA adapters (generation/lora.py). Replies are LoRAUpdateOutput, which SGLang's handlers
+# return as a whole struct (tests/contract/test_sglang_lora_contract.py checks its fields).
+LOAD_LORA = Endpoint(path="/load_lora_adapter", method="POST", request=LoadLoRAAdapterReqInput)
+UNLOAD_LORA = Endpoint(
+    path="/unload_lora_adapter", method="POST", request=UnloadLoRAAdapterReqInput
+)
+LOAD_LORA_FROM_TENSORS = Endpoint(
+    path="/load_lora_adapter_from_tensors",
+    method="POST",
+    request=LoadLoRAAdapterFromTensorsReqInput,
+)
+
 ENDPOINTS: tuple[Endpoint, ...] = (
     GENERATE,
     HEALTH,
@@ -128,6 +145,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     INIT_WEIGHT_GROUP,
     UPDATE_FROM_DISTRIBUTED,
     UPDATE_FROM_TENSOR,
+    LOAD_LORA,
+    UNLOAD_LORA,
+    LOAD_LORA_FROM_TENSORS,
 )
 
 

@@ -119,6 +119,9 @@ class EngineApp:
         )
         self.on_fatal: Any = None  # what a fatal call does beyond refusing all later ones
         self.sgl.on_call = _tracer()
+        from spade_async.generation.lora import LoraServing
+
+        self.lora = LoraServing(self, enabled=False)  # --enable-lora (generation/lora.py)
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
@@ -127,6 +130,7 @@ class EngineApp:
         try:
             req = self._decode_gen.decode(await request.body())
             prompts, params, rids, single = self._normalise(req)
+            engines = self._engines(req.lora_path, len(prompts))
             seqs = [
                 self._sequences(p, sp, rid)
                 for p, sp, rid in zip(prompts, params, rids, strict=True)
@@ -134,8 +138,9 @@ class EngineApp:
         except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
             return _error(str(exc))
         flat = [s for group in seqs for s in group]
-        try:
-            self.engine.submit(flat)
+        try:  # no await between picking an adapter's engine and submitting to it (unload waits)
+            for engine, group in zip(engines, seqs, strict=True):
+                engine.submit(group)
         except EngineBusy as exc:
             return _error(str(exc), status=409)
         try:
@@ -144,6 +149,18 @@ class EngineApp:
             return _error(f"generation failed: {type(exc).__name__}: {exc}", status=500)
         outs = [self._output(s, req) for s in done]
         return _json(outs[0] if single and len(outs) == 1 else outs)
+
+    def _engines(self, lora_path, n: int) -> list:
+        """The engine of each prompt: the base, or the adapter its ``lora_path`` names."""
+        names = lora_path if isinstance(lora_path, list) else [lora_path] * n
+        if len(names) != n:
+            raise BadRequest(f"{len(names)} lora_path entries for {n} prompts")
+        if any(names) and not self.lora.enabled:
+            raise BadRequest("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        try:
+            return [self.engine if not name else self.lora.engine_for(name) for name in names]
+        except KeyError as exc:
+            raise BadRequest(exc.args[0]) from None
 
     def _normalise(self, req: GenerateReqInput):
         if req.stream:
@@ -534,12 +551,17 @@ def _next_version(current: str) -> str:
 
 
 def build_app(app: EngineApp) -> Starlette:
+    import functools
+
+    from spade_async.generation import lora
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette):
         app.engine.start()
         try:
             yield
         finally:
+            app.lora.stop()
             app.engine.stop()
 
     handlers = {
@@ -561,6 +583,10 @@ def build_app(app: EngineApp) -> Starlette:
         routes.INIT_WEIGHT_GROUP: app.unsupported,
         routes.UPDATE_FROM_DISTRIBUTED: app.update_distributed,
         routes.UPDATE_FROM_TENSOR: app.update_tensor,
+        # ---- LoRA adapters (generation/lora.py: SGLang's load/unload semantics) ----
+        routes.LOAD_LORA: functools.partial(lora.load_handler, app.lora),
+        routes.UNLOAD_LORA: functools.partial(lora.unload_handler, app.lora),
+        routes.LOAD_LORA_FROM_TENSORS: functools.partial(lora.from_tensors_handler, app.lora),
     }
     # every path and method is one of the endpoint table's (a subset of SGLang's: contract)
     table = [Route(e.path, handlers[e], methods=[e.method]) for e in routes.ENDPOINTS]
@@ -574,15 +600,20 @@ def make_engine_app(
     max_running: int = 64,
     context_length: int | None = None,
     weight_version: str = "0",
+    enable_lora: bool = False,
+    max_lora_rank: int = 0,
 ) -> EngineApp:
-    """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model."""
+    """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model.
+    ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``."""
     from spade_async.models import load_causal_lm, resolve_model
 
     path = str(resolve_model(model))
     lm, tokenizer = load_causal_lm(path, dtype=dtype)
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
     engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version)
-    return EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
+    app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
+    app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
+    return app
 
 
 @contextlib.contextmanager
@@ -624,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--weight-version", default="0")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    # LoRA, as SGLang's flags (generation/lora.py); target modules come from each adapter
+    parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    parser.add_argument("--max-lora-rank", type=int, default=0, help="refuse adapters above it")
+    parser.add_argument("--lora-target-modules", nargs="*", default=[], help="(SGLang's flag)")
     args = parser.parse_args(argv)
     from spade_async.errors import SpadeError
 
@@ -636,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
             max_running=args.max_running,
             context_length=args.context_length,
             weight_version=args.weight_version,
+            enable_lora=args.enable_lora,
+            max_lora_rank=args.max_lora_rank,
         )
     except SpadeError as exc:
         print(f"spade-engine: error: {exc}", file=sys.stderr)

@@ -51,7 +51,7 @@ def node_roles(cfg: Config) -> list[str]:
     return lines
 
 
-def describe_node(cfg: Config, run_dir) -> str:
+def describe_node(cfg: Config, run_dir, **plan) -> str:
     """``spade train RECIPE --dry-run [--node-rank R]``: node 0 gets the whole launch plan
     (controller, engines, router, its trainer agent); node R > 0 its trainer agent only."""
     from spade_async.placement import describe, trainer_process
@@ -60,7 +60,7 @@ def describe_node(cfg: Config, run_dir) -> str:
     several = pl.nnodes > 1 or pl.engine_nodes > 0 or bool(cfg.engine.external)
     head = [f"node plan: {line}" for line in node_roles(cfg)] if several else []
     if pl.node_rank == 0:
-        return "\n".join([*head, describe(cfg, run_dir)])
+        return "\n".join([*head, describe(cfg, run_dir, **plan)])
     proc = trainer_process(cfg, cfg.model, run_dir)
     env = " ".join(f"{k}={v}" for k, v in proc.env.items())
     return "\n".join([*head, "commands:", f"  trainer: {env} {' '.join(proc.cmd)}"])

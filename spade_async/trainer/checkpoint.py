@@ -7,7 +7,9 @@ shapes first, so a checkpoint of another model is one clear error, not a DCP tra
 
 ``export_hf`` streams the weights bucket by bucket in the checkpoint's dtype (as pushes do,
 trainer/stream.py) into ``model.safetensors`` (or HF-sized shards + index) + config +
-tokenizer files: a directory transformers, SGLang and the CPU engine load.
+tokenizer files: a directory transformers, SGLang and the CPU engine load. With
+``trainer.lora`` that directory is the merged model (W + (alpha / r) B A) and its
+``adapter/`` subdirectory the adapter alone, in peft's format (trainer/lora.py).
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ def export_hf(trainer, directory: str | Path, *, shard_bytes: int = 0) -> Path:
     from spade_async.trainer import stream  # stream imports this module
 
     dtype = stream.engine_dtype(trainer.model_dir, sglang_auto=False)
-    return stream.export_safetensors(
+    out = stream.export_safetensors(
         trainer, Path(directory), dtype, shard_bytes or stream.DISK_SHARD_BYTES
     )
+    if getattr(getattr(trainer, "cfg", None), "lora", None) is not None:  # + the adapter alone
+        from spade_async.trainer.lora import export_adapter
+
+        export_adapter(trainer, out / "adapter", dtype)
+    return out

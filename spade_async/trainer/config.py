@@ -8,7 +8,19 @@ import msgspec
 
 from spade_async.config import Doc
 
-__all__ = ["TrainerConfig"]
+__all__ = ["TrainerConfig", "LoraConfig", "LORA_TARGETS"]
+
+# peft's names for the per-block linears of the families the trainer runs (Llama/Qwen)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    rank: Doc(int, "adapter rank r (A is r x in, B is out x r)") = 16
+    alpha: Doc(float, "LoRA scaling numerator: the update is (alpha / rank) * B @ A") = 32.0
+    dropout: Doc(float, "dropout on the adapter's input (peft lora_dropout)") = 0.0
+    target_modules: Doc(
+        tuple[str, ...], "per-block linears that get adapters (peft names, e.g. q_proj, down_proj)"
+    ) = LORA_TARGETS
 
 
 class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +76,22 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         "Liger-Kernel RMSNorm/RoPE/SwiGLU on the decoder: auto = on CUDA for Qwen3/Qwen3-MoE/"
         "Llama when liger-kernel imports; true demands it; false never",
     ) = "auto"
+    offload: Doc(
+        Literal["none", "optimizer"],
+        "optimizer: FSDP2 CPUOffloadPolicy keeps the sharded fp32 weights, gradients and AdamW "
+        "states in (pinned, on CUDA) host memory and steps AdamW on the CPU; the GPU holds "
+        "only the unsharded compute copies of the blocks in flight",
+    ) = "none"
+    lora: Doc(
+        LoraConfig | None,
+        "train peft LoRA adapters on the frozen base, e.g. { rank = 16, alpha = 32 } "
+        "(trainer/lora.py); unset = full fine-tuning",
+    ) = None
+    sequence_parallel: Doc(
+        int,
+        "Ulysses sequence-parallel group size: N ranks share each packed row of up to N x "
+        "micro_batch_tokens tokens, attention all-to-all over heads (trainer/sequence_parallel.py)",
+    ) = 1
     hsdp: Doc(
         bool, "hybrid sharding: shard within a node, replicate across nodes (a 2-D device mesh)"
     ) = False

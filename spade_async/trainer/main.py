@@ -24,13 +24,22 @@ from spade_async.trainer.step import Trainer
 from spade_async.trainer.weights import push_weights
 
 
-def _setup() -> tuple[torch.device, object]:
+def backend(cuda: bool, offload: str = "none") -> str:
+    """The process group's backend. With optimizer offload on GPU the sharded gradients live
+    on the host, so the gradient norm's all-reduce runs on CPU tensors: gloo for CPU
+    tensors, NCCL for CUDA ones (FSDP2's CPU-offload recipe)."""
+    if not cuda:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if offload == "optimizer" else "nccl"
+
+
+def _setup(offload: str = "none") -> tuple[torch.device, object]:
     cuda = torch.cuda.is_available()
     device = torch.device("cpu")
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
+    dist.init_process_group(backend(cuda, offload), timeout=timedelta(minutes=30))
     control = dist.new_group(backend="gloo") if cuda else None
     return device, control
 
@@ -92,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = msgspec.json.decode(args.config_json, type=TrainerConfig)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device, control = _setup()
+    device, control = _setup(cfg.offload)
     try:
         trainer = Trainer(cfg, args.model_dir, device)
         trainer.control_group = control

@@ -290,8 +290,17 @@ def load_policy(
     if shard:
         from spade_async.trainer.sharded import load_sharded
 
+        adapt = None
+        if cfg.lora is not None:
+            from spade_async.trainer.lora import inject
+
+            adapt = lambda lm: inject(lm, cfg.lora, cfg.seed)  # noqa: E731
         return load_sharded(
-            model_dir, device, attn_implementation=impl, wrap=lambda lm: _wrap(cfg, lm, device)
+            model_dir,
+            device,
+            attn_implementation=impl,
+            wrap=lambda lm: _wrap(cfg, lm, device),
+            adapt=adapt,
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation=impl, **experts_kwargs(model_dir)
@@ -303,6 +312,10 @@ def _prepare(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> 
     from spade_async.trainer.liger import apply_liger
 
     apply_liger(causal_lm, cfg.liger, on_gpu=device.type == "cuda")  # before fully_shard
+    if cfg.lora is not None and not getattr(causal_lm, "peft_config", None):
+        from spade_async.trainer.lora import inject
+
+        causal_lm = inject(causal_lm, cfg.lora, cfg.seed)  # frozen base + adapters
     checkpointing.apply(causal_lm, cfg.activation_checkpointing)
     causal_lm.train()
     return PolicyModel(causal_lm, cfg.temperature)
@@ -317,6 +330,10 @@ def _wrap(cfg: TrainerConfig, causal_lm: nn.Module, device: torch.device) -> Pol
     if cfg.mixed_precision and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = {"mp_policy": mp} if mp is not None else {}
+    if cfg.offload == "optimizer":  # sharded fp32 weights, grads and AdamW states on the host
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     if cfg.hsdp:  # (nodes, ranks per node): replicate across nodes, shard within one
         from spade_async.launch.layout import hsdp_mesh
 

@@ -57,7 +57,7 @@ class TrainStep(msgspec.Struct, tag=True, frozen=True):
 
 class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     engines: list[str]  # base URLs, e.g. http://127.0.0.1:30000
-    mode: str = "disk"  # disk | distributed | tensor (see weights.py)
+    mode: str = "disk"  # disk | distributed | tensor | lora (adapters only; see weights.py)
     shm_dir: str = ""  # where disk mode writes the export ('' = /dev/shm or the temp dir)
     master_address: str = "127.0.0.1"  # distributed mode: the NCCL group's rendezvous
     master_port: int = 0

@@ -33,9 +33,12 @@ def load_sharded(
     *,
     attn_implementation: str,
     wrap: Callable[[nn.Module], nn.Module],
+    adapt: Callable[[nn.Module], nn.Module] | None = None,
 ) -> nn.Module:
     """The FSDP2-sharded, fully loaded module that ``wrap(causal_lm)`` returns (``wrap``
-    makes the PolicyModel and applies fully_shard; it runs on the meta model)."""
+    makes the PolicyModel and applies fully_shard; it runs on the meta model). ``adapt``
+    (LoRA injection) runs on rank 0's checkpoint copy first, so its state dict carries the
+    adapters ``wrap`` also adds to the meta model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -48,6 +51,8 @@ def load_sharded(
         source = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype="auto", attn_implementation=attn_implementation, **experts
         )
+        if adapt is not None:
+            source = adapt(source)
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
         causal_lm = AutoModelForCausalLM.from_config(

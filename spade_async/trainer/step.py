@@ -60,19 +60,43 @@ class Trainer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         self.device = device or torch.device("cpu")
+        self.sp = max(1, cfg.sequence_parallel)
+        if self.sp > 1 and (not self.distributed or self.world % self.sp):
+            from spade_async.errors import ConfigError
+
+            raise ConfigError(
+                f"trainer.sequence_parallel = {self.sp} needs a multiple of {self.sp} trainer "
+                f"ranks (have {self.world})"
+            )
+        if self.sp > 1 and cfg.loss_agg == "seq-mean-token-mean":
+            from spade_async.errors import ConfigError
+
+            raise ConfigError(
+                "trainer.sequence_parallel > 1 with loss_agg = 'seq-mean-token-mean' is not "
+                "supported yet (a slice sees part of a sample): use 'token' or "
+                "'seq-mean-token-sum', or sequence_parallel = 1"
+            )
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
         # KL reference: the initial policy, frozen, sharded like the policy (one more fp32 copy
         # of the weights, 4 B/param / R); model_dir is the base model even on a resume
         self.ref_model: PolicyModel | None = None
-        if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
+        # LoRA: the base with the adapters off *is* the initial policy (no extra copy)
+        self.ref_adapters_off = cfg.lora is not None and cfg.kl_coef > 0
+        self.ref_adapters_off &= cfg.kl_reference == "initial"
+        if cfg.kl_coef > 0 and cfg.kl_reference == "initial" and not self.ref_adapters_off:
             ref_cfg = msgspec.structs.replace(cfg, activation_checkpointing="none")
             self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
             self.ref_model.requires_grad_(False)
             self.ref_model.eval()
+        self.sp_group = None
+        if self.sp > 1:  # Ulysses: the same packed row on sp ranks, each a slice of it
+            from spade_async.trainer.sequence_parallel import setup
+
+            self.sp_group = setup(self.model, self.sp, self.rank, self.world)
         self.vocab_size = int(self.model.causal_lm.config.vocab_size)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
             lr=cfg.lr,
             betas=cfg.betas,
             eps=cfg.eps,
@@ -89,6 +113,19 @@ class Trainer:
         """k3 KL target: the frozen initial policy (forward only), the rollout, or None."""
         if self.cfg.kl_coef <= 0:
             return None
+        if self.ref_adapters_off:  # LoRA: the frozen base is the initial policy
+            from spade_async.trainer.lora import adapters_off
+
+            with torch.no_grad(), adapters_off(self.model):
+                return self.model(
+                    mb.input_ids,
+                    mb.position_ids,
+                    mb.target_T,
+                    mb.attention_mask,
+                    index_K=mb.loss_index_K,
+                    cu_seqlens=mb.cu_seqlens,
+                    max_seqlen=mb.max_seqlen,
+                )
         if self.ref_model is None:
             return mb.rollout_logprob_T
         with torch.no_grad():
@@ -205,10 +242,13 @@ class Trainer:
         denominator = loss_denominator(samples, self.cfg.loss_agg)
         if batch.loss_normaliser and self.cfg.loss_agg != "token":
             denominator = batch.loss_normaliser  # samples that count but train nothing
+        if self.sp > 1 and not packed:
+            raise ValueError("sequence parallel trains packed rows: layout must be 'packed'")
+        slots = self.world // self.sp  # an SP group shares one slot's micro-batches
         plan = plan_microbatches(
             [len(s.token_ids) for s in samples],
-            self.world,
-            self.cfg.micro_batch_tokens,
+            slots,
+            self.cfg.micro_batch_tokens * self.sp,  # a row split over sp ranks
             packed=packed,
             sorted_buckets=layout == "padded_sorted",
         )
@@ -217,8 +257,12 @@ class Trainer:
         loss_tokens = torch.zeros((), device=self.device)
         mismatch_max = torch.zeros((), device=self.device)  # a max, not a token-weighted sum
         n_tokens = 0
-        for indices in plan[self.rank]:
+        for indices in plan[self.rank // self.sp]:
             mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
+            if self.sp > 1:
+                from spade_async.trainer.sequence_parallel import shard
+
+                mb = shard(mb, self.rank % self.sp, self.sp)
             mb = mb.to(self.device)
             loss, metrics = self._loss(mb, denominator)
             loss.backward()
@@ -239,7 +283,7 @@ class Trainer:
                 torch.tensor(float(n_tokens), device=self.device),
             ]
         )
-        return vec, keys, len(plan[self.rank])
+        return vec, keys, len(plan[self.rank // self.sp])
 
     def train_step(
         self, batch: Batch, *, validated: bool = False, layout: str | None = None

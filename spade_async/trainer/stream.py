@@ -61,15 +61,34 @@ def engine_dtype(
 
 
 def plan(trainer, dtype: torch.dtype) -> list[tuple[str, torch.nn.Parameter, torch.Tensor]]:
-    """(HF name, parameter, meta tensor of its full shape in ``dtype``), tied lm_head left out."""
+    """(HF name, parameter, meta tensor of its full shape in ``dtype``), tied lm_head left out.
+    With LoRA the adapted weights keep their HF names (merged in ``bucketed``) and the
+    adapters themselves are not listed."""
+    from spade_async.trainer.lora import base_name
+
     tied = getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False)
     out = []
     for name, p in trainer.model.named_parameters():
         hf = name.removeprefix(PREFIX)
+        if ".lora_A." in hf or ".lora_B." in hf:
+            continue
+        hf = base_name(hf)
         if tied and hf == "lm_head.weight":
             continue
         out.append((hf, p, torch.empty(p.shape, dtype=dtype, device="meta")))
     return out
+
+
+def _merged(trainer, hf: str, dtype: torch.dtype, pairs: dict, named: dict) -> torch.Tensor:
+    """W + (alpha / r) B A of an adapted weight, computed in fp32 from the gathered full
+    tensors (one module's at a time), then cast."""
+    a_name, b_name = pairs[hf]
+    lora = trainer.cfg.lora
+    dev = trainer.device if trainer.cfg.offload == "optimizer" else None
+    w = _on(_full(named[hf.removesuffix(".weight") + ".base_layer.weight"], torch.float32), dev)
+    a = _on(_full(named[a_name], torch.float32), dev)
+    b = _on(_full(named[b_name], torch.float32), dev)
+    return (w + (lora.alpha / lora.rank) * (b @ a)).to(dtype)
 
 
 def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int):
@@ -93,6 +112,12 @@ def _full(p: torch.nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """With optimizer offload the shards live on the host (gathered over gloo): the full
+    tensor moves to the trainer's device, where the NCCL/IPC pushes need it."""
+    return t if device is None or t.device == device else t.to(device)
+
+
 def bucketed(
     trainer, dtype: torch.dtype, bucket_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -100,8 +125,22 @@ def bucketed(
     the all-gathers are collective). One bucket exists at a time."""
     items = plan(trainer, dtype)
     params = {name: p for name, p, _ in items}
+    pairs, named = {}, {}
+    if getattr(getattr(trainer, "cfg", None), "lora", None) is not None:
+        from spade_async.trainer.lora import lora_pairs
+
+        named = {n.removeprefix(PREFIX): p for n, p in trainer.model.named_parameters()}
+        pairs = lora_pairs(named)
+    # offloaded shards are gathered on the host: move the full tensors to the device
+    offload = getattr(getattr(trainer, "cfg", None), "offload", "none") == "optimizer"
+    device = trainer.device if offload else None
     for chunk in buckets(((name, meta) for name, _, meta in items), bucket_bytes):
-        yield [(name, _full(params[name], dtype)) for name, _ in chunk]
+        yield [
+            (name, _merged(trainer, name, dtype, pairs, named))
+            if name in pairs
+            else (name, _on(_full(params[name], dtype), device))
+            for name, _ in chunk
+        ]
 
 
 def export_safetensors(trainer, target: Path, dtype: torch.dtype, shard_bytes: int) -> Path:

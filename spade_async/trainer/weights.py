@@ -425,6 +425,14 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
     common = {"timeout": timeout, "pause_mode": req.pause_mode, "stats": stats, "dtype": req.dtype}
     if req.mode == "disk":
         return push_disk(trainer, req.engines, shm_dir=req.shm_dir, **common)
+    if req.mode == "lora":  # adapters only (trainer/lora.py); needs trainer.lora
+        from spade_async.trainer.lora import push_adapter
+
+        if trainer.cfg.lora is None:
+            raise WeightPushError("push mode 'lora' needs trainer.lora (adapters to send)")
+        return push_adapter(
+            trainer, req.engines, shm_dir=req.shm_dir, timeout=timeout, dtype=req.dtype
+        )
     engines = [engine_target(u) for u in req.engines]
     if req.mode == "distributed":
         if not req.master_port:
@@ -441,4 +449,4 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
         )
     if req.mode == "tensor":
         return push_tensor(trainer, engines, bucket_bytes=req.bucket_bytes, **common)
-    raise WeightPushError(f"push mode '{req.mode}' is not disk, distributed or tensor")
+    raise WeightPushError(f"push mode '{req.mode}' is not disk, distributed, tensor or lora")

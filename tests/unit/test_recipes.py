@@ -47,6 +47,13 @@ EXPECTED = {
         [2, 3, 4, 5, 6, 7],
         0.005,
     ),
+    # 8xH100: the same, with the trainer's optimizer state in host memory (trainer.offload)
+    "qwen3-30b-a3b-games-h100.toml": (
+        "/models/Qwen3-30B-A3B-Instruct-2507",
+        [[0, 1]],
+        [2, 3, 4, 5, 6, 7],
+        0.0,
+    ),
 }
 
 # The reference's shipped flags per recipe (cmd/games/train_spade_{4b,8b,30b}.sh,
@@ -57,6 +64,7 @@ REFERENCE = {
     "qwen3-4b-games.toml": (4, 16384, 4096, 6000, 8, 16, 192, "blend", False, 0.0),
     "qwen3-8b-games.toml": (4, 20000, 4096, 6000, 8, 16, 192, "blend", False, 0.005),
     "qwen3-30b-a3b-games.toml": (4, 16384, 4096, 6000, 8, 16, 192, "blend", False, 0.0),
+    "qwen3-30b-a3b-games-h100.toml": (4, 16384, 4096, 6000, 8, 16, 192, "blend", False, 0.0),
     "qwen3-4b-tool-use.toml": (32, 16384, 512, 4000, 16, 4, 256, "regret", True, 0.005),
     "qwen3-8b-tool-use.toml": (8, 20000, 2048, 4000, 8, 16, 192, "blend", True, 0.005),
     "qwen3-30b-a3b-tool-use.toml": (8, 16384, 2048, 4000, 8, 16, 192, "blend", True, 0.005),
