@@ -181,5 +181,18 @@ def model_shape(model_dir: str | Path) -> ModelShape | None:
             return _shape(name, raw, "config.json")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-    known = KNOWN.get(name.lower())
+    known = KNOWN.get(_base_name(name))
     return _shape(name, known, "built-in") if known is not None else None
+
+
+# Checkpoints of the same architecture under another name: Qwen's 2507 Instruct/Thinking
+# releases and Base checkpoints keep their model's config.json sizes.
+_VARIANTS = ("-instruct-2507", "-thinking-2507", "-base")
+
+
+def _base_name(name: str) -> str:
+    low = name.lower()
+    for suffix in _VARIANTS:
+        if low.endswith(suffix) and low[: -len(suffix)] in KNOWN:
+            return low[: -len(suffix)]
+    return low
