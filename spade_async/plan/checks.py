@@ -7,8 +7,8 @@
 - ``trainer.offload``: "optimizer" needs trainer GPUs (CPU ranks already keep every state
   in host memory), and FSDP2's CPUOffloadPolicy in this torch.
 
-``check_start`` adds what the trainer does not run yet (sequence parallel with a per-sample
-token mean): refused at start, planned by the dry run.
+``check_start`` adds what the trainer does not run (sequence parallel with a per-sample
+token mean through the recompute head): refused at start, planned by the dry run.
 """
 
 from __future__ import annotations
@@ -106,9 +106,13 @@ def check_start(cfg: Config) -> None:
         raise ConfigError(
             "trainer.lora needs the 'peft' package (a project dependency): pip install peft"
         )
-    if cfg.trainer.sequence_parallel > 1 and cfg.trainer.loss_agg == "seq-mean-token-mean":
+    if (
+        cfg.trainer.sequence_parallel > 1
+        and cfg.trainer.loss_agg == "seq-mean-token-mean"
+        and cfg.trainer.head != "fused"
+    ):
         raise ConfigError(
-            "trainer.sequence_parallel > 1 with trainer.loss_agg = 'seq-mean-token-mean' is "
-            "not supported yet (a slice sees part of a sample): use 'token' or "
-            "'seq-mean-token-sum', or sequence_parallel = 1"
+            "trainer.sequence_parallel > 1 with trainer.loss_agg = 'seq-mean-token-mean' needs "
+            "trainer.head = 'fused' (its per-token weights come from the whole row; the "
+            "recompute head aggregates within a slice): set trainer.head = 'fused'"
         )

@@ -13,8 +13,9 @@ backward of an equal-split all-to-all is the same all-to-all on the gradients).
 
 The loss is a sum over tokens divided by the batch's global denominator, so the group's
 partial losses add up to the one-rank loss and FSDP's gradient average over all ranks is
-unchanged; ``seq-mean-token-mean`` (a per-sample mean over tokens that a slice does not
-see whole) is refused for N > 1.
+unchanged. ``seq-mean-token-mean`` (a per-sample mean over tokens that a slice does not
+see whole) takes its per-token weights mask / (n_s x D) from the whole row before slicing
+(``token_slice``), so it needs the fused head, whose loss is exactly sum_t w_t loss_t.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ def setup(policy, n: int, rank: int, world: int):
     cfg._attn_implementation = NAME
     policy.varlen_attention = True
     return group
+
+
+def token_slice(x_T: torch.Tensor, sp_rank: int, n: int) -> torch.Tensor:
+    """This rank's 1/n of a per-token tensor of a whole packed row, padded (with zeros, the
+    dummy segment trains nothing) exactly as ``shard`` pads the row."""
+    pad = (-x_T.shape[-1]) % n
+    if pad:
+        x_T = torch.cat([x_T, x_T.new_zeros((*x_T.shape[:-1], pad))], dim=-1)
+    t = x_T.shape[-1] // n
+    return x_T[..., sp_rank * t : (sp_rank + 1) * t]
 
 
 def shard(mb, sp_rank: int, n: int):

@@ -68,13 +68,13 @@ class Trainer:
                 f"trainer.sequence_parallel = {self.sp} needs a multiple of {self.sp} trainer "
                 f"ranks (have {self.world})"
             )
-        if self.sp > 1 and cfg.loss_agg == "seq-mean-token-mean":
+        if self.sp > 1 and cfg.loss_agg == "seq-mean-token-mean" and cfg.head != "fused":
             from spade_async.errors import ConfigError
 
             raise ConfigError(
-                "trainer.sequence_parallel > 1 with loss_agg = 'seq-mean-token-mean' is not "
-                "supported yet (a slice sees part of a sample): use 'token' or "
-                "'seq-mean-token-sum', or sequence_parallel = 1"
+                "trainer.sequence_parallel > 1 with loss_agg = 'seq-mean-token-mean' needs "
+                "trainer.head = 'fused' (its per-token weights come from the whole row; the "
+                "recompute head aggregates within a slice): set trainer.head = 'fused'"
             )
         torch.manual_seed(cfg.seed + self.rank)
         self.model: PolicyModel = load_policy(cfg, model_dir, self.device, shard=self.distributed)
@@ -139,7 +139,11 @@ class Trainer:
                 max_seqlen=mb.max_seqlen,
             )
 
-    def _loss(self, mb, denominator: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(
+        self, mb, denominator: float, weights_T: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``weights_T``: the per-token loss weights when the caller computed them on more
+        than ``mb`` (a sequence-parallel slice of a row); else from ``mb`` itself."""
         cfg = self.cfg
         want_entropy = cfg.entropy_coef > 0
         ref_T = self._ref_logprobs(mb)
@@ -160,7 +164,9 @@ class Trainer:
             terms = PolicyTerms(
                 loss_weights(
                     mb.mask_T, cfg.loss_agg, seq_ids_T=seq_ids, loss_scale_denominator=scale
-                ),
+                )
+                if weights_T is None
+                else weights_T,
                 mb.advantage_T,
                 old_logprob_T=None if cfg.old_logprobs == "detached" else mb.rollout_logprob_T,
                 rollout_logprob_T=rollout_T,
@@ -259,12 +265,23 @@ class Trainer:
         n_tokens = 0
         for indices in plan[self.rank // self.sp]:
             mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
+            weights_T = None
             if self.sp > 1:
-                from spade_async.trainer.sequence_parallel import shard
+                from spade_async.trainer.sequence_parallel import shard, token_slice
 
+                if self.cfg.loss_agg == "seq-mean-token-mean":
+                    # a slice sees part of a sample: mask / (n_s x D), n_s from the whole row
+                    weights_T = loss_weights(
+                        mb.mask_T,
+                        self.cfg.loss_agg,
+                        seq_ids_T=mb.local_seq_T,
+                        loss_scale_denominator=denominator / self.world,
+                    )
+                    weights_T = token_slice(weights_T, self.rank % self.sp, self.sp)
+                    weights_T = weights_T.to(self.device)
                 mb = shard(mb, self.rank % self.sp, self.sp)
             mb = mb.to(self.device)
-            loss, metrics = self._loss(mb, denominator)
+            loss, metrics = self._loss(mb, denominator, weights_T)
             loss.backward()
             loss_sum += loss.detach()
             n_tokens += mb.n_tokens

@@ -73,7 +73,7 @@ def _rank(rank: int, model: str, init: str, out: str, agg: str) -> None:
 
 @pytest.mark.slow  # two spawned gloo ranks + two in-process references, ~30-60 s
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("agg", ["token", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_sp2_matches_one_rank(tiny_model, tmp_path, agg):
     from spade_async.trainer.step import Trainer
 
