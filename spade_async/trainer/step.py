@@ -117,27 +117,11 @@ class Trainer:
             from spade_async.trainer.lora import adapters_off
 
             with torch.no_grad(), adapters_off(self.model):
-                return self.model(
-                    mb.input_ids,
-                    mb.position_ids,
-                    mb.target_T,
-                    mb.attention_mask,
-                    index_K=mb.loss_index_K,
-                    cu_seqlens=mb.cu_seqlens,
-                    max_seqlen=mb.max_seqlen,
-                )
+                return _logprobs(self.model, mb)
         if self.ref_model is None:
             return mb.rollout_logprob_T
         with torch.no_grad():
-            return self.ref_model(
-                mb.input_ids,
-                mb.position_ids,
-                mb.target_T,
-                mb.attention_mask,
-                index_K=mb.loss_index_K,
-                cu_seqlens=mb.cu_seqlens,
-                max_seqlen=mb.max_seqlen,
-            )
+            return _logprobs(self.ref_model, mb)
 
     def _loss(
         self, mb, denominator: float, weights_T: torch.Tensor | None = None
@@ -356,3 +340,16 @@ class Trainer:
         if hasattr(norm, "full_tensor"):  # DTensor under FSDP2: the global norm
             norm = norm.full_tensor()
         return norm
+
+
+def _logprobs(model: PolicyModel, mb) -> torch.Tensor:
+    """Forward-only log-probs of ``mb``'s loss tokens (the KL reference pass)."""
+    return model(
+        mb.input_ids,
+        mb.position_ids,
+        mb.target_T,
+        mb.attention_mask,
+        index_K=mb.loss_index_K,
+        cu_seqlens=mb.cu_seqlens,
+        max_seqlen=mb.max_seqlen,
+    )
