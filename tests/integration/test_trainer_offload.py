@@ -9,28 +9,12 @@ import msgspec
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_batches import random_batch
 
-from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.config import TrainerConfig
 from spade_async.trainer.launch import TrainerProcess
 
-
-def _batch(step: int) -> Batch:
-    g = torch.Generator().manual_seed(step)
-    samples = []
-    for i in range(4):
-        n = 6 + 3 * i
-        ids = torch.randint(0, 49152, (n,), generator=g).tolist()
-        mask = [0] * 3 + [1] * (n - 3)
-        samples.append(
-            Sample(
-                token_ids=ids,
-                loss_mask=mask,
-                advantage=float(i) - 1.5,
-                rollout_logprobs=[-10.5 * m for m in mask],
-            )
-        )
-    return Batch(samples=samples)
+_batch = random_batch
 
 
 def _cfg(model, offload: str) -> TrainerConfig:

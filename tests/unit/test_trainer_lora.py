@@ -12,9 +12,9 @@ import pytest
 import torch
 from numerics import assert_close_norm, forward_bound
 from safetensors.torch import load_file
+from trainer_batches import random_batch
 
 from spade_async.errors import ConfigError
-from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.config import LoraConfig, TrainerConfig
 
 pytest.importorskip("peft", reason="peft is a project dependency (pip install peft)")
@@ -22,22 +22,7 @@ pytest.importorskip("peft", reason="peft is a project dependency (pip install pe
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
 
 
-def _batch(step: int) -> Batch:
-    g = torch.Generator().manual_seed(step)
-    samples = []
-    for i in range(4):
-        n = 6 + 3 * i
-        ids = torch.randint(0, 49152, (n,), generator=g).tolist()
-        mask = [0] * 3 + [1] * (n - 3)
-        samples.append(
-            Sample(
-                token_ids=ids,
-                loss_mask=mask,
-                advantage=float(i) - 1.5,
-                rollout_logprobs=[-10.5 * m for m in mask],
-            )
-        )
-    return Batch(samples=samples)
+_batch = random_batch
 
 
 def _cfg(model, **kw) -> TrainerConfig:
