@@ -56,7 +56,8 @@ class LoadLoRAAdapterFromTensorsReqInput(msgspec.Struct, kw_only=True, omit_defa
 
     lora_name: str
     config_dict: dict
-    serialized_named_tensors: str
+    # one base64 payload per engine TP rank (SGLang: Annotated[List[bytes], Base64Bytes()])
+    serialized_named_tensors: list[str]
     load_format: str | None = None
     pinned: bool = False
 

@@ -139,6 +139,6 @@ def test_refusals(tiny_model, adapter):
         assert r.status_code == 400 and "--max-lora-rank 2" in r.json()["error_message"]
         r = httpx.post(
             f"{url}/load_lora_adapter_from_tensors",
-            json={"lora_name": "t", "config_dict": {}, "serialized_named_tensors": ""},
+            json={"lora_name": "t", "config_dict": {}, "serialized_named_tensors": [""]},
         )
         assert r.status_code == 400 and "/load_lora_adapter" in r.json()["error_message"]
