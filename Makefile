@@ -38,7 +38,9 @@ demo-learning: $(STAMP)  # the designer learns: configs/cpu-learning.toml, minut
 
 # Numerics tests again with ATen's portable kernels: tolerances must hold on any x86-64 CPU.
 NUMERICS := tests/kernels tests/unit/test_trainer_packing.py tests/unit/test_trainer_step.py \
-	tests/integration/test_trainer_rpc.py tests/unit/test_generation_prefill.py tests/unit/test_generation_sampling.py
+	tests/integration/test_trainer_rpc.py tests/unit/test_generation_prefill.py tests/unit/test_generation_sampling.py \
+	tests/unit/test_trainer_head.py tests/unit/test_trainer_mismatch.py tests/unit/test_trainer_checkpointing.py \
+	tests/unit/test_generation_lora.py tests/unit/test_trainer_moe.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
