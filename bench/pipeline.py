@@ -185,7 +185,7 @@ def overrides(model: Path, pool: Path, quick: bool) -> list[str]:
 
 async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
     """``steps`` trainer steps under ``schedule`` on the open runtime ``rt``."""
-    from spade_async import cycle, schedule_async, schedule_sync
+    from spade_async.loop import cycle, schedule_async, schedule_sync
 
     start = rt.state.step
     rt.cfg = msgspec.structs.replace(cfg, schedule=schedule, max_steps=start + steps)

@@ -21,9 +21,9 @@ from spade_async.rundir import RunDir
 def test_colocated_turns_over_a_whole_run(tiny_model, tmp_path, monkeypatch, engine_trace):
     original = cycle.train_and_push
 
-    async def colocated(rt, samples, *, pause):
+    async def colocated(rt, samples, *, pause, normaliser=0.0):
         rt.release_memory = True  # what placement.colocate + release_memory set for SGLang
-        return await original(rt, samples, pause=pause)
+        return await original(rt, samples, pause=pause, normaliser=normaliser)
 
     monkeypatch.setattr(cycle, "train_and_push", colocated)
     cfg = _config(tiny_model, tmp_path, "fixed_pool")
