@@ -166,6 +166,9 @@ def overrides(model: Path, pool: Path, quick: bool) -> list[str]:
         f"agent.plays_nohint={w['plays']}",
         "agent.max_turns=2",
         f"agent.max_turn_tokens={w['turn_tokens']}",
+        # a random tiny model rarely ends a reply with EOS: step() still gets every cut reply
+        # (the reference's rule, cut_reply = 'end', would end each episode before any step)
+        "agent.cut_reply='step'",
         "agent.temperature=1.0",
         "trainer.lr=1e-4",
         "trainer.micro_batch_tokens=4096",
