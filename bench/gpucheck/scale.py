@@ -68,7 +68,9 @@ def scale_part(ctx: dict, result: dict) -> None:
     device, cfg, log = ctx["device"], ctx["sizes"]["scale"], ctx["log"]
     tcfg_sizes = ctx["sizes"]["trainer"]
     _init_dist(device)
-    model_dir = ctx.get("model_dir") or write_model(tcfg_sizes["model"], device)
+    if not ctx.get("model_dir"):  # close() removes it with the trainer part's
+        ctx["model_dir"] = write_model(tcfg_sizes["model"], device)
+    model_dir = ctx["model_dir"]
     ctx["model_dir"] = model_dir
     if "trainer" in ctx:  # the trainer part's Trainer: free its memory first
         del ctx["trainer"]

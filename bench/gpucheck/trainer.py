@@ -67,13 +67,25 @@ def _init_dist(device: str) -> None:
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method="env://")
 
 
+def _sweep_stale(root: str) -> None:
+    """Model dirs of gpu_check runs that died before their cleanup (the pid in the name is
+    gone): RAM in /dev/shm outlives its run otherwise."""
+    import glob
+
+    for d in glob.glob(os.path.join(root, "spade-gpucheck-*")):
+        pid = os.path.basename(d).split("-")[2]
+        if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def write_model(spec: dict, device: str) -> str:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     # /dev/shm when it has room (containers often give it 64 MiB), else the temp dir
     shm = os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > 8 << 30
     root = "/dev/shm" if shm else None
-    path = tempfile.mkdtemp(prefix="spade-gpucheck-", dir=root)
+    _sweep_stale(root or tempfile.gettempdir())
+    path = tempfile.mkdtemp(prefix=f"spade-gpucheck-{os.getpid()}-", dir=root)
     config = Qwen3Config(**spec, max_position_embeddings=32768)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
