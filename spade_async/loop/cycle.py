@@ -2,7 +2,8 @@
 
 regenerate -> hints -> play -> score -> samples. Each piece takes the ``Runtime`` and
 returns plain data; ``schedule_sync.py`` runs them in turn, the async controller overlaps
-them. Nothing here raises for a misbehaving environment or an empty designer batch: those
+them. The designer's pieces (regeneration window, skill rotation, scoring of designs) live in
+``design.py`` and are reached through this module. Nothing here raises for a misbehaving environment or an empty designer batch: those
 are counted in metrics.
 """
 
@@ -10,124 +11,28 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 
 from spade_async.episodes.records import log_episode
-from spade_async.memory.sampling import replay_sample
-from spade_async.rewards import (
-    designer_advantages,
-    designer_reward,
-    matched_regret,
-    regret,
-    role_balance_scale,
-    slow_baseline,
-    win_rate,
-    wins,
+from spade_async.loop.design import (  # noqa: F401  (the schedules and tests reach them here)
+    Window,
+    active_skills,
+    designer_batch,
+    regenerate,
+    score_designs,
 )
+from spade_async.memory.sampling import replay_sample
+from spade_async.rewards import regret, win_rate, wins
 from spade_async.roles.agent import FAULT_STATUSES, EnvRef, Episode, play_episode, transcript
-from spade_async.roles.designer import DesignSample, build_prompt, design_group
 from spade_async.roles.hint import write_hint
 from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.client import PushRefused, TrainerDied
 
 if TYPE_CHECKING:
     from spade_async.loop.runtime import Runtime
-
-
-@dataclass
-class Window:
-    """A regeneration window: its designer samples, the hints written for its environments
-    (once per window) and the plays of its environments as ``(policy version, reward)``."""
-
-    samples: list[DesignSample] = field(default_factory=list)
-    hints: dict[str, str | None] = field(default_factory=dict)
-    hint_plays: dict[str, list[tuple[int, float]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
-    plain_plays: dict[str, list[tuple[int, float]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
-    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-
-def active_skills(skills: tuple[str, ...], epoch: int, k: int) -> list[str]:
-    """The reference's rotation: regeneration epoch ``e`` takes the ``k`` skills starting at
-    ``e * k`` (mod the number of skills), so every skill comes round and none idles long."""
-    n = len(skills)
-    if k <= 0 or k >= n:
-        return [str(s) for s in skills]
-    start = (epoch * k) % n
-    return [str(skills[(start + j) % n]) for j in range(k)]  # plain str: msgpack-encoded
-
-
-async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
-    d = rt.cfg.designer
-    skills = active_skills(d.skills, version // rt.cfg.regen_interval, d.skills_per_regen)
-    groups = []
-    for skill in skills:
-        for _ in range(d.prompts_per_skill):
-            doc = rt.corpus.sample(1, rng=rt.rng)[0] if rt.corpus is not None else None
-            prompt, shown = build_prompt(
-                d,
-                skill=skill,
-                document=doc.text if doc else None,
-                store=rt.store if d.use_memory else None,
-                rng=rt.rng,
-                max_turns=rt.cfg.agent.max_turns,
-            )
-            groups.append((skill, doc.id if doc else None, prompt, shown))
-    out: list[DesignSample] = []
-
-    async def one(skill, doc_id, prompt, shown) -> None:
-        # engine and pool (validation) time are metered inside design_group
-        samples = await design_group(
-            client=rt.client,
-            pool=rt.pool,
-            tokenizer=rt.tokenizer,
-            writer=rt.writer,
-            run_dir=rt.run_dir,
-            cfg=d,
-            prompt=prompt,
-            skill=skill,
-            doc_id=doc_id,
-            version=version,
-            examples=shown,
-            meters=rt.meters,
-        )
-        out.extend(samples)
-
-    async with anyio.create_task_group() as tg:
-        for g in groups:
-            tg.start_soon(one, *g)
-    for s in out:
-        rt.meters.add_tokens("designer", len(s.output_ids) + s.extra_tokens)
-        rt.meters.count("designer/generated")
-        rt.meters.count(f"designer/stage/{s.verdict.stage}")
-        rt.meters.count("designer/valid", int(s.verdict.valid))
-        rt.meters.count("designer/duplicates", int(s.duplicate))
-        rt.meters.count("designer/retries", s.retries)
-        rt.meters.count("designer/filled_by_retry", int(s.retries > 0 and s.env_id is not None))
-        rt.tel.log(
-            rt.state.step,
-            {
-                "env_id": s.env_id or "",
-                "env_class": s.verdict.env_class or "",
-                "skill": s.skill,
-                "stage": s.verdict.stage,
-                "valid": s.verdict.valid,
-                "win_rate": None,
-                "regret": None,
-                "duplicate": s.duplicate,
-                "retries": s.retries,
-                "shown": s.examples,  # lineage: the memory examples in its prompt
-            },
-            kind="env",
-        )
-    return out
 
 
 def env_refs(rt: Runtime, env_ids: list[str]) -> list[EnvRef]:
@@ -287,103 +192,6 @@ async def score(
             window.hint_plays[env_id].extend((e.version, e.reward) for e in hinted_eps)
             window.plain_plays[env_id].extend((e.version, e.reward) for e in plain_eps)
     return {"regret/values": regrets, "win_rate/values": rates}
-
-
-def score_designs(
-    rt: Runtime, window: Window
-) -> tuple[list[DesignSample], list[float], list[float], list[bool]]:
-    """The window's scored designer samples, their rewards, advantages and keep-mask.
-
-    A broken first attempt is worth 0. A faulted environment earns the fault penalty: with
-    ``rewards.fault_penalty = 'reference'`` only under 'regret' and only for a step timeout
-    (``recompute_delayed_env_rewards_regret``'s STEP_TIMEOUT_PENALTY; the other variants
-    score the plays that completed), with 'always' for any crash or timeout. A valid
-    environment that got no no-hint play in the window (all its groups dropped as stale, or
-    every play faulted) is left out, unscored. 'blend' pairs the hinted plays with the
-    no-hint plays of the same policy versions, 'regret' with every no-hint play of the
-    window; the win rate uses every no-hint play. 'learning_potential' moves each skill's
-    slow baseline with the skill's pooled no-hint plays first, then scores
-    ``|win rate - baseline|`` (the reference's delayed LP update)."""
-    cfg, thr = rt.cfg.rewards, rt.cfg.agent.success_threshold
-    scored: list[DesignSample] = []
-    values: list[float | None] = []
-    if cfg.variant == "learning_potential":  # update before use, pooled plays per skill
-        games: dict[str, set[str]] = defaultdict(set)
-        for s in window.samples:
-            if s.verdict.valid and s.env_id is not None:
-                games[s.skill].add(s.env_id)
-        for skill, ids in games.items():
-            plays = [r for e in sorted(ids) for _, r in window.plain_plays.get(e, [])]
-            if plays:
-                prev = rt.state.skill_ema.get(skill)
-                rt.state.skill_ema[skill] = slow_baseline(
-                    prev, sum(plays) / len(plays), cfg.lp_slow_weight
-                )
-    for s in window.samples:
-        if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
-            scored.append(s)
-            values.append(0.0)
-            continue
-        if _penalised(cfg, window, s.env_id):
-            scored.append(s)
-            values.append(None)
-            continue
-        plain = [r for _, r in window.plain_plays.get(s.env_id, [])]
-        if not plain:
-            rt.meters.count("designer/unscored")
-            continue
-        rate = win_rate(plain, thr, cfg.win_rate)
-        hinted = window.hint_plays.get(s.env_id, [])
-        if cfg.variant == "regret":
-            r = _mean_of([x for _, x in hinted]) - _mean_of(plain) if hinted else 0.0
-        else:
-            r = matched_regret(hinted, window.plain_plays[s.env_id])
-        scored.append(s)
-        values.append(
-            designer_reward(
-                cfg,
-                regret_value=r,
-                nohint_win_rate=rate,
-                nohint_rewards=plain,
-                slow_ema_win_rate=rt.state.skill_ema.get(s.skill),
-            )
-        )
-    # a broken first attempt scores 0 whatever its retry became: the retry's duplicate flag
-    # belongs to the retry's environment, not to the trained attempt
-    rewards, adv, keep = designer_advantages(
-        cfg,
-        values,
-        [s.skill for s in scored],
-        duplicate=[s.duplicate and s.verdict.valid for s in scored],
-    )
-    return scored, rewards, adv, keep
-
-
-def _penalised(cfg, window: Window, env_id: str) -> bool:
-    if cfg.fault_penalty == "always":
-        return bool(window.faults.get(env_id))
-    return cfg.variant == "regret" and bool(window.timeouts.get(env_id))
-
-
-def _mean_of(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-async def designer_batch(rt: Runtime, window: Window, n_agent: int) -> tuple[list[Sample], float]:
-    """Score the window's designer samples from the plays accumulated over it; the
-    trainer samples (advantage x role-balance scale) and the mean designer reward."""
-    from spade_async.loop.batcher import designer_samples
-
-    scored, rewards, adv, keep = score_designs(rt, window)
-    for s, value in zip(scored, rewards, strict=True):
-        if s.env_id is not None and s.verdict.valid:
-            await rt.writer.update_stats(s.env_id, designer_reward=value, version=rt.state.version)
-    rt.meters.count("designer/masked", sum(not k for k in keep))
-    scale = role_balance_scale(
-        n_agent, max(1, len(scored)), rt.cfg.regen_interval, rt.cfg.rewards.max_role_scale
-    )
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
-    return designer_samples(scored, adv, keep, scale), mean
 
 
 def write_transcripts(rt: Runtime, episodes: list[Episode]) -> None:
