@@ -8,7 +8,8 @@
 
 Rules: two environments never share a worker. Instances of one environment (``env_id``)
 share a worker, unless its steps are slow (measured mean above ``spread_step_ms``): then a
-new instance goes to another worker of the same environment, up to ``workers_per_env``, so
+new instance goes to another worker of the same environment, up to ``workers_per_env``
+(default auto: one worker per open instance within a fair share of ``max_workers``), so
 the plays of a GRPO group step in parallel instead of one at a time behind one worker's
 lock (the validator's cross-process determinism gate is what makes that safe).
 At most ``max_workers`` processes live at once; ``prewarm`` clean workers wait booted, so an
@@ -70,9 +71,11 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     sink_chars: Doc(int, "characters of environment stdout/stderr kept in the worker") = 4096
     workers_per_env: Doc(
         int,
-        "most workers one environment's instances are spread over (each worker still "
-        "holds one environment only); 1 = every instance of an environment in one worker",
-    ) = 4
+        "most workers one slow environment's instances are spread over (each worker still "
+        "holds one environment only); 1 = every instance of an environment in one worker; "
+        "0 = auto: one worker per open instance, within the environment's fair share of "
+        "max_workers (max_workers / environments with open instances)",
+    ) = 0
     spread_step_ms: Doc(
         float,
         "spread an environment over more workers only once its measured mean step time is "
@@ -219,6 +222,7 @@ class EnvPool:
             ws.remove(w)
             if not ws:
                 del self._by_env[w.env_id]
+                self._forget(w.env_id)  # a crashed environment's class, timings and lock
             self.counters["died"] += 1
         self._want_spawn.set()
         self._notify()
@@ -251,9 +255,22 @@ class EnvPool:
             self.config.spread_step_ms <= 0
         )
 
+    def _spread_cap(self) -> int:
+        """How many workers one environment may be spread over: ``workers_per_env``, or in
+        auto (0) its fair share of ``max_workers`` among the environments that have an
+        instance open (or opening) now, so one slow environment's group cannot take the
+        slots the others' plays need (spreading never evicts or waits; a new environment
+        may evict a spread worker once its instances closed)."""
+        if self.config.workers_per_env > 0:
+            return self.config.workers_per_env
+        active = sum(1 for ws in self._by_env.values() if any(x.instances or x.opening for x in ws))
+        return max(1, self.config.max_workers // max(1, active))
+
     async def _another_worker(self, env_id: str) -> WorkerProcess | None:
-        """One more worker for ``env_id`` (spreading a slow environment): a pre-warmed one
-        or a free slot, never by evicting or waiting; None when there is neither."""
+        """One more worker for ``env_id`` (spreading a slow environment): a pre-warmed one,
+        a free slot, or the slot of another environment's worker that has no open instance
+        (a loaded cache is worth less than a group stepping in parallel); never by waiting,
+        never taking a worker that holds instances. None when there is none of these."""
         self._idle[:] = [x for x in self._idle if not x.dead]
         if self._idle:
             w = self._idle.pop()
@@ -261,7 +278,13 @@ class EnvPool:
         elif self._live() < self.config.max_workers:
             w = await self._new_worker()
         else:
-            return None
+            spare = self._spare()
+            if spare is None or spare.env_id == env_id:
+                return None
+            await self._evict(spare)
+            if self._live() >= self.config.max_workers:
+                return None
+            w = await self._new_worker()
         w.env_id = env_id
         self._by_env.setdefault(env_id, []).append(w)
         return w
@@ -273,11 +296,7 @@ class EnvPool:
         if not ws:
             return await self._worker_for(env_id)
         w = min(ws, key=lambda x: len(x.instances) + x.opening)
-        if (
-            len(w.instances) + w.opening
-            and len(ws) < self.config.workers_per_env
-            and self._slow(env_id)
-        ):
+        if len(w.instances) + w.opening and len(ws) < self._spread_cap() and self._slow(env_id):
             more = await self._another_worker(env_id)
             if more is not None:
                 return more
@@ -326,6 +345,13 @@ class EnvPool:
             raise errors[0]
 
     async def _assign(self, env_id: str, spread: bool = False) -> WorkerProcess:
+        try:
+            return await self._assign_locked(env_id, spread)
+        finally:  # a worker that died while the lock was held left the lock behind
+            if env_id not in self._by_env:
+                self._forget(env_id)
+
+    async def _assign_locked(self, env_id: str, spread: bool) -> WorkerProcess:
         async with self._env_locks.setdefault(env_id, anyio.Lock()):
             try:
                 return await (self._placement if spread else self._worker_for)(env_id)
@@ -364,7 +390,7 @@ class EnvPool:
             if w.dead:
                 self._reap(w)
             raise
-        if isinstance(msg, P.Step) and w.env_id is not None:  # the time the worker was busy
+        if isinstance(msg, P.Step) and w.env_id in self._by_env:  # the time it was busy
             ms = w.busy_s * 1000
             old = self._step_ms.get(w.env_id)
             self._step_ms[w.env_id] = ms if old is None else 0.8 * old + 0.2 * ms
@@ -390,11 +416,9 @@ class EnvPool:
         else:  # one worker per environment (more when it is slow), even opened concurrently
             w = await self._assign(env_id, spread=True)
         if not env_class:
-            if env_id not in self._classes:
-                if len(self._classes) > 4096:
-                    self._classes.clear()
-                self._classes[env_id] = static_class(source)
-            env_class = self._classes[env_id]
+            env_class = self._classes.get(env_id) or static_class(source)
+            if env_id in self._by_env:  # kept while the environment has a worker only
+                self._classes[env_id] = env_class
         iid = next(self._ids)
         w.opening += 1
         try:
@@ -458,6 +482,9 @@ class EnvPool:
             "busy": sum(1 for w in env_workers if w.lock.locked()),
             "env_workers": len(env_workers),
             "instances": sum(len(w.instances) for w in env_workers),
+            # environments the pool keeps state for (class, step time, lock): those with a
+            # worker, and the few being assigned one; a long run must not grow it
+            "env_state": len(self._env_locks.keys() | self._classes.keys() | self._step_ms.keys()),
             "max_workers": self.config.max_workers,
             **self.counters,
             "pids": [w.pid for w in [*self._idle, *env_workers] if w.pid],

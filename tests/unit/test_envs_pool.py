@@ -338,3 +338,34 @@ _W.send = _raw_send
     await pool.reset(good, 0)
     assert (await pool.step(good, "x"))[0] == "n=1"
     await pool.close(good)
+
+
+async def test_per_environment_state_does_not_outlive_its_workers():
+    """A long run opens thousands of environments that crash, are evicted or released: the
+    pool's per-environment state (static class, step time, assignment lock) is dropped
+    with an environment's last worker (the soak's parent RSS grew while crashed
+    environments' entries piled up)."""
+    crashing = COUNTER.replace("self.n += 1", "__import__('os')._exit(3)")
+    cfg = PoolConfig(call_timeout_s=2.0, open_timeout_s=5.0, prewarm=1, max_workers=3)
+    async with EnvPool(cfg) as pool:
+        for i in range(6):
+            inst = await pool.open(
+                crashing.replace("class CounterEnv:", f"# c{i}\nclass CounterEnv:")
+            )
+            await pool.reset(inst, 0)
+            with pytest.raises(EnvError):
+                await pool.step(inst, "x")  # the worker dies
+        for i in range(6):  # more environments than slots: the older ones are evicted
+            inst = await pool.open(variant(f"e{i}"))
+            await pool.reset(inst, 0)
+            await pool.step(inst, "x")
+            await pool.close(inst)
+        assert _env_state(pool) <= set(pool._by_env), _env_state(pool) - set(pool._by_env)
+        assert pool.stats()["env_state"] == len(_env_state(pool))
+        for env_id in list(pool._by_env):
+            await pool.release(env_id)
+        assert _env_state(pool) == set()
+
+
+def _env_state(pool) -> set[str]:
+    return set(pool._env_locks) | set(pool._classes) | set(pool._step_ms)
