@@ -33,7 +33,7 @@ import pytest
 from spade_async.envs.cli import _human
 from spade_async.envs.examples import HERE as EXAMPLES
 from spade_async.envs.pool import EnvPool, PoolConfig
-from spade_async.envs.validate import Verdict, validate_source
+from spade_async.envs.validate import ValidateConfig, Verdict, validate_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "hostile"
@@ -104,6 +104,10 @@ CASES = {
     "validation_aware.py": "ok",  # same Open shape in training; see test below
     "second_instance_differs.py": "determinism",  # a second instance in the same worker
     "kernel_surface.py": "reset",  # io_uring, userfaultfd refused; PID 1 names no host path
+    # issue 22, later: seeds a checker would use, nonsense that wins only after many turns
+    "seed_aware.py": "not_done_at_reset",  # seeds drawn at random per check, as training's
+    "garbage_wins_late.py": "not_done_at_reset",  # one garbage play per seed runs 30 turns
+    "kernel_surface_more.py": "reset",  # perf, bpf, file handles, vm_readv, kcmp: refused
 }
 # why, for the cases where the reason is not in the name (signal names, errno text)
 REASONS = {
@@ -129,6 +133,9 @@ REASONS = {
     "tool_any_answer.py": "<answer>",
     "second_instance_differs.py": "two instances in one worker",
     "kernel_surface.py": "surface refused",
+    "seed_aware.py": "garbage wins",
+    "garbage_wins_late.py": "at turn 11",
+    "kernel_surface_more.py": "surface refused",
 }
 LEAKY = ("read_secret_file.py", "leak_environment.py", "keyring_thief.py")
 # classifications that only hold where the sandbox isolates that resource
@@ -296,7 +303,9 @@ async def _run_corpus(traps: Traps) -> tuple[dict, dict, Verdict, list[int], lis
 
         async def check(name: str) -> None:
             async with limiter:
-                verdicts[name] = await validate_source(sources[name], pool=pool, seeds=(0, 1))
+                verdicts[name] = await validate_source(  # seeds drawn per check (two)
+                    sources[name], pool=pool, config=ValidateConfig(random_seeds=2)
+                )
 
         async with anyio.create_task_group() as tg:
             for name in CASES:
@@ -455,7 +464,7 @@ def test_reported_names_are_static_and_no_output_gains_a_line(outcome):
     assert sum(ln.lstrip().startswith("FAIL") for ln in lines) == 1
     assert not any(ln.startswith(("VALID", "{", "  pass  feasibility")) for ln in lines), lines
     for v in outcome.verdicts.values():  # every verdict prints as the lines it should
-        assert len(_human(v).splitlines()) <= 9 + len(v.warnings), v
+        assert len(_human(v).splitlines()) <= 10 + len(v.warnings), v  # 8 gates, head, replay
 
 
 def test_cli_prints_no_forged_line():

@@ -1,4 +1,7 @@
-"""``spade env check FILE.py [--seeds 0,1,2] [--json]`` -- run the validation gates.
+"""``spade env check FILE.py [--seeds 0,1,2] [--probe-seed N] [--json]`` -- run the gates.
+
+Without ``--seeds`` the seeds are drawn at random per check (as training draws them); the
+report names them and the garbage's seed, and ``--seeds ... --probe-seed N`` replays a check.
 
 Exit status: 0 valid, 1 rejected, 2 usage error (missing file, bad flag, bad seeds).
 """
@@ -48,6 +51,10 @@ def _human(v) -> str:
     lines += [f"  note  {w}" for w in v.warnings]
     head = "VALID" if v.valid else f"REJECTED at {v.stage}"
     extra = f"class={v.env_class} multi_turn={v.multi_turn} feasibility={v.feasibility}"
+    if v.seeds:  # what replays this check exactly
+        seeds = ",".join(str(s) for s in v.seeds)
+        probe = f" --probe-seed {v.probe_seed}" if v.probe_seed is not None else ""
+        lines.append(f"  replay  --seeds {seeds}{probe}")
     lines.append(f"{head}: {extra} isolation={v.isolation} ({v.seconds:.2f} s)")
     return "\n".join(lines)
 
@@ -57,15 +64,22 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     check = sub.add_parser("check", help="run the validation gates on an environment file")
     check.add_argument("file", help="environment .py file")
-    check.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    check.add_argument(
+        "--seeds", default=None,
+        help="comma-separated seeds (default: three drawn at random per check, as in training)",
+    )  # fmt: skip
+    check.add_argument(
+        "--probe-seed", type=int, default=None,
+        help="seed of the random garbage (default: fresh per check; the report names it)",
+    )  # fmt: skip
     check.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     from spade_async.envs.pool import EnvError  # after argument errors: fast usage
-    from spade_async.envs.validate import check_file
+    from spade_async.envs.validate import ValidateConfig, check_file
 
     try:
-        verdict = check_file(args.file, seeds)
+        verdict = check_file(args.file, seeds, config=ValidateConfig(probe_seed=args.probe_seed))
     except EnvError as exc:  # the sandbox itself failed (boot, capacity), not the environment
         raise SpadeError(f"the sandbox could not run the check: {exc}") from None
     if args.json:

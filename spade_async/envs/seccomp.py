@@ -8,8 +8,12 @@ What it denies (EPERM unless noted), so environment code cannot:
   falls back to clone and threads still work) -> no fork bombs, no daemons, no subprocess;
 - signal anything but itself: kill/tgkill with another pid (kill(0) and -pgid stay out:
   the worker leads its own group), tkill, rt_(tg)sigqueueinfo, pidfd_send_signal;
-- trace or poke other processes: ptrace, process_vm_writev; change namespaces: unshare, setns,
-  clone with any CLONE_NEW* flag;
+- trace, read or poke other processes: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd;
+  change namespaces: unshare, setns, clone with any CLONE_NEW* flag;
+- reach kernel surface no game needs (the rest of what Docker's default seccomp profile
+  refuses): perf_event_open, bpf, open_by_handle_at / name_to_handle_at, modules, kexec,
+  swap, reboot, acct, quotactl, iopl/ioperm, move_pages, fanotify_init, personality, and the
+  key syscalls, io_uring and userfaultfd;
 - park memory outside the limits or change the filesystem: mount, umount2, pivot_root, chroot,
   the new mount API (open_tree, move_mount, fsopen, fsconfig, fsmount, fspick,
   mount_setattr), memfd_create, memfd_secret, System V shmget, POSIX mq_open (a mount made
@@ -52,13 +56,30 @@ NR = {
     "fspick": 433, "clone3": 435, "mount_setattr": 442, "memfd_secret": 447,
     "add_key": 248, "request_key": 249, "keyctl": 250, "userfaultfd": 323,
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    # what Docker's default profile also refuses, and no environment needs
+    "uselib": 134, "personality": 135, "ustat": 136, "sysfs": 139, "acct": 163,
+    "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173,
+    "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212,
+    "kexec_load": 246, "move_pages": 279, "perf_event_open": 298, "fanotify_init": 300,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "process_vm_readv": 310, "kcmp": 312,
+    "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "pidfd_getfd": 438,
 }  # fmt: skip
 DENIED = ("fork", "vfork", "ptrace", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
           "unshare", "setns", "process_vm_writev", "pidfd_send_signal", "shmget", "mq_open",
           "pivot_root", "chroot", "mount", "umount2", "memfd_create", "open_tree",
           "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
           "memfd_secret", "add_key", "request_key", "keyctl", "userfaultfd", "io_uring_setup",
-          "io_uring_enter", "io_uring_register")  # fmt: skip
+          "io_uring_enter", "io_uring_register",
+          # kernel surface (Docker's default profile refuses these too): profiling and BPF
+          # (perf_event_open, bpf), other processes' memory and files (process_vm_readv, kcmp,
+          # pidfd_getfd), file handles (open_by_handle_at: the "shocker" container escape;
+          # name_to_handle_at), modules, kexec, swap, reboot, accounting, quotas, port I/O,
+          # NUMA page moves, fanotify, personality (ASLR off), and the obsolete uselib/ustat/sysfs
+          "uselib", "personality", "ustat", "sysfs", "acct", "swapon", "swapoff", "reboot",
+          "iopl", "ioperm", "init_module", "delete_module", "quotactl", "lookup_dcookie",
+          "kexec_load", "move_pages", "perf_event_open", "fanotify_init", "name_to_handle_at",
+          "open_by_handle_at", "process_vm_readv", "kcmp", "finit_module", "kexec_file_load",
+          "bpf", "pidfd_getfd")  # fmt: skip
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data (little endian)
 
 

@@ -17,10 +17,13 @@ then once more in A2: a divergence means nondeterminism, an instance that plays 
 game for the same seed, or a ``solution()`` that changed its worker's game. The reported class is the one the static stage found, loaded by that name; every
 value came through the parent's checks (replies.py).
 
-What an environment cannot recognise: the garbage is drawn at random per check
+What an environment cannot recognise: the seeds are drawn at random per check unless the
+caller names them (uniform over [0, 2**31), as training draws an episode's), so a game honest
+only for well-known seeds fails; the garbage is drawn at random per check
 (``garbage_plays``: random text, legal-looking commands made from the observation's own
 ``\\boxed{...}`` examples with values no game accepts, tool calls with the environment's
-own tool names and random arguments, wrong non-empty answers) and played for several turns,
+own tool names and random arguments, wrong non-empty answers) and played for several turns
+(one play per seed for ``long_turns``, past any recipe's episode length),
 with the contract's fixed probes (``ValidateConfig.garbage_actions``) each leading a play of
 random turns, in a random order. The worker is told the same things by validation and by
 training (the pool's ``Open`` carries the worker's own random id and the static class
@@ -59,6 +62,7 @@ __all__ = [
     "solution_actions",
     "garbage_plays",
     "random_text",
+    "random_seeds",
     "legal_looking",
     "tool_garbage",
     "STAGES",
@@ -87,6 +91,16 @@ class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     random_plays: Doc(
         int, "garbage plays of random turns only, per seed (besides the fixed-led ones)"
     ) = 2
+    long_turns: Doc(
+        int,
+        "turns of one more garbage play per seed, longer than any recipe's agent.max_turns "
+        "(25): nonsense that wins only after many turns must not pass either",
+    ) = 30
+    random_seeds: Doc(
+        int,
+        "seeds drawn at random per check, from [0, 2**31) as training draws them, when no "
+        "seeds are given (an environment honest only for well-known seeds cannot pass)",
+    ) = 3
     replayed_plays: Doc(
         int, "garbage plays per seed (the longest) replayed in A2 and B for determinism"
     ) = 1
@@ -115,6 +129,8 @@ class Verdict(msgspec.Struct, kw_only=True):
     isolation: str = ""
     seconds: float = 0.0
     warnings: list[str] = []
+    seeds: list[int] = []  # the seeds the gates played (drawn per check unless given)
+    probe_seed: int | None = None  # the garbage's seed: ValidateConfig.probe_seed reproduces it
 
 
 class _Reject(Exception):
@@ -233,18 +249,33 @@ def garbage_plays(
     plays += [
         [turn() for _ in range(max(1, cfg.garbage_turns))] for _ in range(max(1, cfg.random_plays))
     ]
+    if cfg.long_turns > cfg.garbage_turns:
+        plays.append([turn() for _ in range(cfg.long_turns)])
     rng.shuffle(plays)
     return plays
 
 
+def random_seeds(rng: random.Random, n: int) -> tuple[int, ...]:
+    """``n`` distinct seeds as training draws an episode's (``rng.integers(2**31)``)."""
+    out: list[int] = []
+    while len(out) < max(1, n):
+        s = rng.randrange(2**31)
+        if s not in out:
+            out.append(s)
+    return tuple(out)
+
+
 class _Gates:
     def __init__(
-        self, pool: EnvPool, source: str, seeds: tuple[int, ...], cfg: ValidateConfig,
+        self, pool: EnvPool, source: str, seeds: tuple[int, ...] | None, cfg: ValidateConfig,
         env_class: str,
     ) -> None:  # fmt: skip
-        self.pool, self.source, self.seeds, self.cfg = pool, source, seeds, cfg
-        seed = cfg.probe_seed if cfg.probe_seed is not None else secrets.randbits(64)
+        self.pool, self.source, self.cfg = pool, source, cfg
+        seed = cfg.probe_seed if cfg.probe_seed is not None else secrets.randbits(63)
+        self.probe_seed = seed
         self.rng = random.Random(seed)  # the garbage: drawn afresh per check
+        # no seeds given: drawn like training's (uniform over [0, 2**31)), afresh per check
+        self.seeds = seeds or random_seeds(self.rng, cfg.random_seeds)
         # random ids (no "check" marker an environment could look for): two fresh workers
         self.env_ids = (uuid.uuid4().hex[:16], uuid.uuid4().hex[:16])
         self.stage = "load"
@@ -433,10 +464,12 @@ class _Gates:
 
 
 async def validate_source(
-    source: str, *, pool: EnvPool, seeds: tuple[int, ...] | list[int] = (0, 1, 2),
+    source: str, *, pool: EnvPool, seeds: tuple[int, ...] | list[int] | None = None,
     config: ValidateConfig | None = None,
 ) -> Verdict:  # fmt: skip
-    """Run every gate on ``source`` in ``pool``'s sandbox. Never raises for a bad environment."""
+    """Run every gate on ``source`` in ``pool``'s sandbox. Never raises for a bad environment.
+    ``seeds``: the seeds the gates play; None (or empty) = ``config.random_seeds`` drawn at
+    random per check, as training draws them (the verdict's reason names them)."""
     if pool.config.max_workers < 2:
         raise UsageError(
             f"envs.max_workers = {pool.config.max_workers}: the validation gates compare two "
@@ -444,7 +477,7 @@ async def validate_source(
         )
     t0 = time.perf_counter()
     cfg = config or ValidateConfig()
-    seeds = tuple(seeds) or (0,)
+    seeds = tuple(seeds or ())
     warnings: list[str] = []
     gates: _Gates | None = None
     try:
@@ -471,7 +504,7 @@ async def validate_source(
             with anyio.CancelScope(shield=True):
                 for env_id in gates.env_ids:
                     await pool.release(env_id)
-        stage, valid, reason = "ok", True, _ok_reason(gates, seeds)
+        stage, valid, reason = "ok", True, _ok_reason(gates)
         feas = gates.feasibility
     except _Reject as rej:
         stage, valid, reason, feas = rej.stage, False, rej.reason, rej.feasibility
@@ -482,15 +515,17 @@ async def validate_source(
         valid=valid, stage=stage, reason=clean_text(reason, 4000), env_class=env_class,
         multi_turn=gates.multi_turn if gates else None, feasibility=feas,
         isolation=pool.isolation, seconds=round(time.perf_counter() - t0, 4), warnings=warnings,
+        seeds=list(gates.seeds) if gates else list(seeds),
+        probe_seed=gates.probe_seed if gates else None,
     )  # fmt: skip
 
 
-def _ok_reason(g: _Gates, seeds: tuple[int, ...]) -> str:
+def _ok_reason(g: _Gates) -> str:
     feas = {
         "proven": "solution() replays to success",
         "unverified": "solution() is free text (unverified)",
     }
-    return f"all gates pass on seeds {list(seeds)}; {feas.get(g.feasibility or '', '')}"
+    return f"all gates pass on seeds {list(g.seeds)}; {feas.get(g.feasibility or '', '')}"
 
 
 def read_source(path: str | Path) -> str | Verdict:
@@ -515,7 +550,7 @@ def read_source(path: str | Path) -> str | Verdict:
 
 
 def check_file(
-    path: str | Path, seeds: tuple[int, ...] | list[int] = (0, 1, 2), *,
+    path: str | Path, seeds: tuple[int, ...] | list[int] | None = None, *,
     config: ValidateConfig | None = None, pool_config: PoolConfig | None = None,
 ) -> Verdict:  # fmt: skip
     """Synchronous one-shot check of a file in a pool of its own."""

@@ -50,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
         "--skill", help="skill for every file (default: a SKILL constant, else 'unspecified')"
     )
     s.add_argument("--setting", choices=["games", "tool_use"])
-    s.add_argument("--seeds", default="0,1,2", help="validation seeds, comma-separated")
+    s.add_argument(
+        "--seeds", default="",
+        help="validation seeds, comma-separated (default: drawn at random per file, as in training)",
+    )  # fmt: skip
     return p
 
 

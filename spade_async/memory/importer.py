@@ -105,7 +105,7 @@ async def import_files(
     store: MemoryStore,
     src: Path,
     *,
-    seeds: tuple[int, ...] = (0, 1, 2),
+    seeds: tuple[int, ...] = (),  # empty: the validator draws them per file
     skill: str | None = None,
     setting: str | None = None,
     kind: Literal["import", "pool"] = "import",

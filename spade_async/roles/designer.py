@@ -77,7 +77,11 @@ class DesignerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "fresh samples (untrained, counted) after a broken first attempt and any repair, until "
         "one is valid (reference: 5 attempts per environment)",
     ) = 4
-    validation_seeds: Doc(tuple[int, ...], "seeds the validation gates run") = (0, 1, 2)
+    validation_seeds: Doc(
+        tuple[int, ...],
+        "seeds the validation gates run; empty = drawn at random per check, as training "
+        "draws them (a game honest only for well-known seeds cannot pass)",
+    ) = ()
     gates: Doc(
         Literal["strict", "reference"],
         "validation gates: strict (ours: determinism, garbage probes, solution replay) or "
