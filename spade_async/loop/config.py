@@ -16,7 +16,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     queue_groups: Doc(
         int, "finished environment groups buffered for the trainer (backpressure; 0 = hand-off)"
     ) = 0
-    groups_in_flight: Doc(int, "environment groups being played at once") = 8
+    groups_in_flight: Doc(
+        int,
+        "most environment groups played at once (a memory cap; admission is also bounded by "
+        "staleness: groups started <= (versions trained + 1 + max_staleness) x groups per step)",
+    ) = 8
     groups_per_step: Doc(
         int, "groups per trainer step; 0 = as many environments as a sync step plays"
     ) = 0

@@ -9,10 +9,17 @@ environment at one policy snapshot):
               train step (trainer busy while the producer keeps generating) -> pause the
               engines, push weights, resume -> log -> checkpoint
 
-The producer runs ahead of the trainer by at most the stream's capacity plus the groups in
-flight; a group whose oldest token is more than ``max_staleness`` versions behind the
-trainer is dropped (counted) and the rest are corrected by truncated importance sampling in
-the loss. The pieces are the same functions the sync schedule calls (``cycle.py``).
+Admission is by staleness, as AReaL's rollout controller admits requests: a new group
+starts only while the groups started (less those dropped) are fewer than
+``(trainer steps taken + 1 + max_staleness) x groups per step``, so that a group, consumed in
+order, is at most ``max_staleness`` versions old when the trainer takes it; and never more
+than ``groups_in_flight`` at once (memory). So the next step's groups start as soon as the
+version they need exists, not when the previous step's groups are handed over: their
+generation fills the engine while the previous groups wait on their environments' steps.
+A group that still arrives more than ``max_staleness`` versions behind (consumed out of
+order) is dropped (counted, and its slot given back); the rest are corrected by truncated
+importance sampling in the loss. The pieces are the same functions the sync schedule calls
+(``cycle.py``).
 """
 
 from __future__ import annotations
@@ -41,14 +48,44 @@ class Group:
         return min((e.version for e in self.episodes if e.turn_versions), default=-1)
 
 
+class Admission:
+    """Staleness-bounded admission of groups (see the module docstring). It counts trainer
+    steps, not versions: a step whose push was refused trains no version, and counting
+    versions would then starve the producer; a group it lets start too early is dropped as
+    stale at the consumer, which gives its slot back."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max(0, max_staleness)
+        self.started = self.dropped = self.steps = 0
+        self._changed = anyio.Event()
+
+    def allows(self, per_step: int) -> bool:
+        ahead = self.steps + 1 + self.max_staleness
+        return self.started - self.dropped < ahead * max(1, per_step)
+
+    async def admit(self, per_step_of) -> None:
+        """Wait until one more group may start, and count it."""
+        while not self.allows(per_step_of()):
+            await self._changed.wait()
+        self.started += 1
+
+    def notify(self, *, stepped: bool = False, dropped: int = 0) -> None:
+        """The trainer took a step, or ``dropped`` groups were dropped as stale."""
+        self.steps += int(stepped)
+        self.dropped += dropped
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
 class Shared:
     """State the producer and consumer share (one event loop: no locks needed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_staleness: int = 1) -> None:
         self.window = cycle.Window()
         self.window_start = -1  # version at which the current window's environments were made
         self.envs_per_step = 1
         self.regen_wanted = anyio.Event()
+        self.admission = Admission(max_staleness)
 
 
 async def producer(
@@ -81,6 +118,7 @@ async def producer(
             fresh = False
             for env in envs:
                 await limiter.acquire()
+                await sh.admission.admit(lambda: sh.envs_per_step)
                 if stop.is_set():
                     limiter.release()
                     break
@@ -111,6 +149,7 @@ async def consumer(
                 break
             if st.version - g.version > cfg.max_staleness:
                 rt.meters.count("staleness/dropped", sum(1 for e in g.episodes if not e.hinted))
+                sh.admission.notify(dropped=1)  # its slot goes to a fresh group
                 continue
             groups.append(g)
         episodes = [e for g in groups for e in g.episodes]
@@ -130,11 +169,12 @@ async def consumer(
                 "stream/memory_writes/capacity": cfg.memory.queue_size,
             },
         )
+        sh.admission.notify(stepped=True)  # the groups the next version allows may start
 
 
 async def run_async(rt: Runtime, stop: anyio.Event) -> None:
     send, recv = anyio.create_memory_object_stream[Group](rt.cfg.pipeline.queue_groups)
-    sh = Shared()
+    sh = Shared(rt.cfg.max_staleness)
     async with anyio.create_task_group() as tg, recv:
         tg.start_soon(producer, rt, sh, send, stop)
         await consumer(rt, sh, recv, stop)
