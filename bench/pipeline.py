@@ -31,7 +31,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
-from _hw import machine
+from _hw import machine, refuse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -118,9 +118,10 @@ class ManyWordsEnv:
 STEP_HEAD = "    def step(self, action):\n"
 # three_stage: every env step first sleeps this long (s), a latency-bound environment (a tool
 # call, a remote check): env execution becomes a third busy stage without taking a core
-# from the engine or the trainer on this 2-core machine. 64 steps per sync step; the pool may
-# spread each slow environment over up to envs.workers_per_env (4) workers of its own, so a
-# group's plays sleep side by side instead of one after another behind one worker.
+# from the engine or the trainer on this 2-core machine. 64 steps per sync step; the pool
+# spreads each slow environment over workers of its own (envs.workers_per_env = 0, auto: one
+# per open instance within a fair share of envs.max_workers), so a group's plays sleep side
+# by side instead of one after another behind one worker.
 STEP_SLEEP_S = {"full": 1.0, "quick": 0.25}
 
 
@@ -174,14 +175,16 @@ def overrides(model: Path, pool: Path, quick: bool) -> list[str]:
         "trainer.micro_batch_tokens=4096",
         "telemetry.dashboard='off'",
         "telemetry.episodes_per_step=0",
-        "envs.max_workers=16",  # 4 environments x envs.workers_per_env (4)
+        # room for every play's instance at once: 4 environments x 8 plays (auto spreading)
+        f"envs.max_workers={4 * w['plays']}",
         "max_concurrent_episodes=32",
         "engine.threads=1",
         "engine.cpus=[0]",
         "placement.trainer_threads=1",
         "placement.trainer_cpus=[1]",
         "pipeline.groups_per_step=0",  # as many groups as a sync step plays: same work
-        "pipeline.groups_in_flight=4",
+        # (1 + max_staleness) steps of groups: admission by staleness decides when they start
+        f"pipeline.groups_in_flight={4 * (1 + MAX_STALENESS)}",
         "pipeline.queue_groups=0",
     ]
 
@@ -279,6 +282,14 @@ def main() -> None:
         default="two_stage",
         help="three_stage: every env step sleeps (1 s; 0.25 s with --quick) first",
     )
+    ap.add_argument(
+        "--step-sleep", type=float, default=None,
+        help="three_stage: seconds each env step sleeps (default 1.0; 0.25 with --quick)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--controller-core", type=int, default=None,
+        help="pin the controller (and the env workers it starts) to this core; default: free",
+    )  # fmt: skip
     ap.add_argument("--phase-steps", type=int, default=0, help="override steps per phase")
     ap.add_argument("--rounds", type=int, default=0, help="override sync+async rounds")
     ap.add_argument(
@@ -292,18 +303,26 @@ def main() -> None:
         if getattr(args, key):
             (QUICK if args.quick else FULL)[key] = getattr(args, key)
     sleep_s = STEP_SLEEP_S["quick" if args.quick else "full"] if three else 0.0
+    if args.step_sleep is not None:
+        if not three or args.step_sleep <= 0:
+            refuse("--step-sleep needs --workload three_stage and a positive number of seconds")
+        sleep_s = args.step_sleep
     saved = ROOT / "bench" / "results" / ("pipeline_three_stage.json" if three else "pipeline.json")
     t0 = time.perf_counter()
     if args.resummarise:
         old = json.loads(saved.read_text())
         sync, asyn, hw = old["sync"], old["async"], old["hardware"]
         args.quick, total_s = old["quick"], old["total_s"]
+        sleep_s = old["workload"].get("env_step_sleep_s", sleep_s)
     else:
         hw = {
             **machine(),
             "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
         }
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if args.controller_core is not None:  # engine and trainer pin themselves after spawn
+            os.sched_setaffinity(0, {args.controller_core})
+            hw["placement"] += f"; controller and env workers on core {args.controller_core}"
         tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
         try:
             model, pool = workload(tmp, args.quick, sleep_s)
@@ -331,6 +350,16 @@ def main() -> None:
         asyn["busy_s"].get("engine", 0.0) + asyn["busy_s"].get("trainer", 0.0) + serial_rest
     ) / asyn["wall_s"]
     of_ideal = asyn["wall_s"] / ideal if ideal else float("nan")
+    # three_stage: the stage bound ignores latency. With max_staleness s, a group's plays
+    # may start s trainer steps before the step that takes them, so a step lasts at least
+    # (a group's own latency) / s: its turns' env sleeps one after another plus its
+    # generation (one step's engine time, at the uncontended speed).
+    latency_bound = None
+    if three:
+        steps = asyn["steps"]
+        per_step = {k: v / steps for k, v in stage_min.items()}
+        group_latency = 2 * sleep_s + per_step["engine"]
+        latency_bound = steps * max(*per_step.values(), group_latency / MAX_STALENESS)
     out = {
         "bench": "pipeline",
         "quick": args.quick,
@@ -353,6 +382,14 @@ def main() -> None:
         "speedup_bound": round(sync["wall_s"] / ideal, 2) if ideal else None,
         "speedup_wall": round(speedup, 2),
         "speedup_at_same_stage_speed": None if three else round(same_speed, 2),
+        **(
+            {
+                "latency_bound_s": round(latency_bound, 2),
+                "async_wall_over_latency_bound": round(asyn["wall_s"] / latency_bound, 2),
+            }
+            if three
+            else {}
+        ),
         "targets": {
             **(
                 {}
@@ -365,6 +402,25 @@ def main() -> None:
                         "met": same_speed >= 1.6,
                     }
                 }
+            ),
+            **(
+                {
+                    "env_stage_not_busiest": {
+                        "target": "env_pool busy < the busier of engine and trainer, in sync "
+                        "and in async",
+                        "measured": {
+                            sched: {k: d["busy_s"].get(k, 0.0) for k in stages}
+                            for sched, d in (("sync", sync), ("async", asyn))
+                        },
+                        "met": all(
+                            d["busy_s"].get("env_pool", 0.0)
+                            < max(d["busy_s"].get("engine", 0.0), d["busy_s"].get("trainer", 0.0))
+                            for d in (sync, asyn)
+                        ),
+                    }
+                }
+                if three
+                else {}
             ),
             "async_wall_over_ideal": {
                 "target": "<= 1.25",

@@ -33,6 +33,7 @@ import random
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import anyio
@@ -132,8 +133,13 @@ def _temp() -> dict:
 
 
 class Soak:
-    def __init__(self, seconds: float, interval: float, concurrency: int) -> None:
+    def __init__(
+        self, seconds: float, interval: float, concurrency: int, trace: bool = False
+    ) -> None:
         self.seconds, self.interval, self.concurrency = seconds, interval, concurrency
+        self.trace = trace
+        if trace:
+            tracemalloc.start(8)
         self.valid = [(EXAMPLES / n).read_text() for n in VALID]
         self.rejected = {n: _render(n) for n in REJECTED}
         self.n = dict.fromkeys(("checks", "episodes", "crash_episodes", "lost", "misjudged"), 0)
@@ -246,10 +252,18 @@ class Soak:
             task_limit = pool.stats()["task_limit"]
 
             async def sampler() -> None:
+                base = None  # --tracemalloc: the allocations at the second sample
                 while True:
                     await anyio.sleep(self.interval)
                     rows.append(self.sample(pool, time.monotonic() - t0, last))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                    if self.trace and len(rows) >= 2:
+                        snap = tracemalloc.take_snapshot()
+                        if base is None:
+                            base = snap
+                            continue
+                        for d in snap.compare_to(base, "lineno")[:8]:
+                            print(f"  tracemalloc since sample 2: {d}", file=sys.stderr)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sampler)
@@ -290,13 +304,17 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--concurrency", type=int, default=8, help="tasks at once")
     ap.add_argument("--save", action="store_true", help="write bench/results/soak*.json")
+    ap.add_argument(
+        "--tracemalloc", action="store_true",
+        help="diagnose parent RSS growth: print the top allocation growth since sample 2",
+    )  # fmt: skip
     args = ap.parse_args()
     minutes = args.minutes if args.minutes is not None else (2.0 if args.quick else 20.0)
     if minutes <= 0 or args.interval <= 0 or args.concurrency < 1:
         refuse("--minutes and --interval must be positive, --concurrency at least 1")
     if minutes * 60 < 2 * args.interval:
         refuse(f"--minutes {minutes:g} holds fewer than two --interval {args.interval:g} s")
-    soak = Soak(minutes * 60, args.interval, args.concurrency)
+    soak = Soak(minutes * 60, args.interval, args.concurrency, args.tracemalloc)
     rows, end, isolation, task_limit = anyio.run(soak.run)
     rss = growth(rows, "parent_rss_kb", minutes * 60)
     fds = growth(rows, "open_fds", minutes * 60)

@@ -329,10 +329,12 @@ async def learn(
     window_ends: bool,
     pause: bool,
     extra: dict | None = None,
+    pushed=None,
 ) -> None:
     """Everything after play, for both schedules: score -> agent (and, at the end of a
     regeneration window, designer) samples -> staleness filter -> train + push -> log ->
-    checkpoint."""
+    checkpoint. ``pushed()``, if given, runs as soon as the new version is on the engines
+    (the async producer's admission), before the logging."""
     cfg, st = rt.cfg, rt.state
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
     batch = await step_batch(rt, episodes, window, window_ends=window_ends)
@@ -340,6 +342,8 @@ async def learn(
     trained_at = st.version
     train_metrics = await train_and_push(rt, samples, pause=pause, normaliser=batch.normaliser)
     st.step += 1
+    if pushed is not None:
+        pushed()
     write_transcripts(rt, episodes)
     record = step_record(
         rt,

@@ -168,8 +168,9 @@ async def consumer(
                 "stream/memory_writes/fill": rt.writer.depth,
                 "stream/memory_writes/capacity": cfg.memory.queue_size,
             },
+            # the groups the new version allows start as soon as it is on the engines
+            pushed=lambda: sh.admission.notify(stepped=True),
         )
-        sh.admission.notify(stepped=True)  # the groups the next version allows may start
 
 
 async def run_async(rt: Runtime, stop: anyio.Event) -> None:
