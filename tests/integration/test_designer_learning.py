@@ -30,6 +30,13 @@ from spade_async.settings.char_model import char_model_dir
 from spade_async.settings.letter_window import letter_of
 
 RECIPE = "configs/cpu-learning.toml"
+# trainer.lora (loop/lora.py: engines serve the frozen base + the pushed adapter): adapters
+# on every block linear at a rank near the 64-wide model's, at 4x the full fine-tuning lr
+# (LoRA's B starts at zero and the tied embedding/head stay frozen); the same criteria
+VARIANTS = {
+    "full": [],
+    "lora": ["trainer.lora={rank=32,alpha=64.0}", "trainer.lr=2e-1"],
+}
 START_BELOW = 0.3  # mean designer reward over the first five steps
 RISE = 0.2  # second-half mean minus the first five steps' mean
 
@@ -41,11 +48,12 @@ def _mean(xs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_designer_learns(tmp_path, monkeypatch, request):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_designer_learns(tmp_path, monkeypatch, request, variant):
     model = char_model_dir(tmp_path / "model")
     cfg = recipe.load(
         request.config.rootpath / RECIPE,
-        [f"model='{model}'", "telemetry.dashboard='off'", "seed=0"],
+        [f"model='{model}'", "telemetry.dashboard='off'", "seed=0", *VARIANTS[variant]],
     )
     trained: list[tuple[str, float]] = []  # (role, advantage) of every sample the trainer took
     real = cycle.train_and_push
