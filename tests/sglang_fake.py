@@ -128,6 +128,39 @@ class ModelledLoRA:
         return httpx.Response(400, json={"success": False, "error_message": message,
                                          "loaded_adapters": dict(self.loaded)})  # fmt: skip
 
+    def _load(self, body: dict) -> httpx.Response | None:
+        name = body["lora_name"]
+        if name in self.loaded:
+            return self._refuse("/load_lora_adapter", f"LoRA with name {name} already exists. "
+                                                      f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
+        self.loaded[name] = body["lora_path"]
+        return None
+
+    def _unload(self, body: dict) -> httpx.Response | None:
+        name = body["lora_name"]
+        if name not in self.loaded:
+            return self._refuse("/unload_lora_adapter", f"LoRA with name {name} does not exist. "
+                                                        f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
+        self.loaded.pop(name)  # no new request on it from now on
+        return None
+
+    def _ok(self) -> httpx.Response:
+        return httpx.Response(200, json={"success": True, "error_message": None,
+                                         "loaded_adapters": dict(self.loaded)})  # fmt: skip
+
+    def sync(self, request: httpx.Request) -> httpx.Response:
+        """The control routes for a sync ``httpx.Client`` (the trainer's push)."""
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((path, body))
+        if path == "/load_lora_adapter":
+            return self._load(body) or self._ok()
+        if path == "/unload_lora_adapter":
+            if self.inflight[body["lora_name"]]:
+                raise AssertionError("a sync unload would block on in-flight requests")
+            return self._unload(body) or self._ok()
+        return httpx.Response(404)
+
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         import anyio
 
@@ -135,18 +168,12 @@ class ModelledLoRA:
         body = json.loads(request.content) if request.content else {}
         self.requests.append((path, body))
         if path == "/load_lora_adapter":
-            name = body["lora_name"]
-            if name in self.loaded:
-                return self._refuse(path, f"LoRA with name {name} already exists. "
-                                          f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
-            self.loaded[name] = body["lora_path"]
+            if (refused := self._load(body)) is not None:
+                return refused
         elif path == "/unload_lora_adapter":
-            name = body["lora_name"]
-            if name not in self.loaded:
-                return self._refuse(path, f"LoRA with name {name} does not exist. "
-                                          f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
-            self.loaded.pop(name)  # no new request on it from now on
-            while self.inflight[name]:  # returns once the ones running on it have finished
+            if (refused := self._unload(body)) is not None:
+                return refused
+            while self.inflight[body["lora_name"]]:  # returns once those on it have finished
                 await anyio.sleep(0.005)
         elif path == "/generate":
             name = body.get("lora_path")
@@ -170,5 +197,4 @@ class ModelledLoRA:
                 "weight_version": self.weight_version}})  # fmt: skip
         else:
             return httpx.Response(404)
-        return httpx.Response(200, json={"success": True, "error_message": None,
-                                         "loaded_adapters": dict(self.loaded)})  # fmt: skip
+        return self._ok()

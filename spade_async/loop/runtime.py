@@ -132,8 +132,11 @@ class Runtime:
 
     def engine_crashed(self, server) -> None:
         """A crashed engine will come back serving its start-up weights: out of the
-        generation client's rotation (retries included) until ``engine_restarted`` pushed."""
+        generation client's rotation (retries included) until ``engine_restarted`` pushed;
+        under LoRA it comes back holding no adapters."""
         self.client.hold(server.url)
+        if self.adapters is not None:
+            self.adapters.forget(server.url)
 
     async def engine_restarted(self, server) -> None:
         """A crashed engine came back serving its start-up weights: the current ones go to

@@ -31,11 +31,11 @@ from spade_async.settings.letter_window import letter_of
 
 RECIPE = "configs/cpu-learning.toml"
 # trainer.lora (loop/lora.py: engines serve the frozen base + the pushed adapter): adapters
-# on every block linear at a rank near the 64-wide model's, at 4x the full fine-tuning lr
+# on every block linear at a rank near the 64-wide model's, at 2x the full fine-tuning lr
 # (LoRA's B starts at zero and the tied embedding/head stay frozen); the same criteria
 VARIANTS = {
     "full": [],
-    "lora": ["trainer.lora={rank=32,alpha=64.0}", "trainer.lr=2e-1"],
+    "lora": ["trainer.lora={rank=32,alpha=64.0}", "trainer.lr=1e-1"],
 }
 START_BELOW = 0.3  # mean designer reward over the first five steps
 RISE = 0.2  # second-half mean minus the first five steps' mean

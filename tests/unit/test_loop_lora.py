@@ -215,3 +215,77 @@ def test_lora_with_an_explicit_full_push_or_weight_release_is_one_line():
         recipe.load(None, [*shared, LORA])
     cfg = recipe.load(None, [*shared, LORA, "placement.release_memory=false"])
     assert cfg.trainer.lora.rank == 8
+
+
+# ---- Runtime.push under LoRA: trainer and engine restarts ----------------------------------
+class _PushingTrainer:
+    """The trainer side of a push: the real ``push_adapter`` (its export stubbed) against the
+    fake engines; a restarted trainer is a new one from its checkpoint's version."""
+
+    def __init__(self, version: int, fakes, shm):
+        from types import SimpleNamespace
+
+        self.t = SimpleNamespace(version=version, rank=0, model_dir="m")
+        self.fakes, self.shm = fakes, shm
+
+    async def push_weights(self, engines, *, mode, lora_taken, lora_keep, pause_mode, **kw):
+        from spade_async.trainer.lora import push_adapter
+        from spade_async.trainer.rpc import WeightsPushed
+
+        assert mode == "lora" and pause_mode == ""  # an adapter load pauses nothing
+        transport = httpx.MockTransport(lambda r: self.fakes[f"http://{r.url.host}"].sync(r))
+        got = push_adapter(self.t, engines, shm_dir=str(self.shm), keep=lora_keep,
+                           taken=lora_taken, transport=transport)  # fmt: skip
+        return WeightsPushed(version=self.t.version, engines=got, seconds=0.0)
+
+
+def test_restarted_trainer_and_engine_get_fresh_names_and_no_refusal(tmp_path, monkeypatch):
+    """Runtime.push as the loop runs it: v1 pushed; the trainer dies and comes back from its
+    checkpoint at v1 while the engines still hold spade-v1 (a re-load of that name would be
+    refused): it loads spade-v1.1 and spade-v1 is unloaded. Then engine b crashes and comes
+    back empty: the next push loads on both and unloads only where the old one is."""
+    from types import SimpleNamespace
+
+    import spade_async.trainer.lora as trainer_lora
+    import spade_async.trainer.stream as stream
+    from spade_async.loop.runtime import Runtime
+    from spade_async.telemetry.metrics import Meters
+
+    monkeypatch.setattr(trainer_lora, "export_adapter", lambda t, d, dt: d.mkdir(parents=True))
+    monkeypatch.setattr(stream, "engine_dtype", lambda *a, **k: None)
+    fakes = {u: ModelledLoRA() for u in URLS}
+
+    async def main():
+        async with _client(fakes) as client:
+            client.use_adapters(None)
+            rt = SimpleNamespace(
+                push_kw={"engines": list(URLS), "mode": "lora", "dtype": ""},
+                adapters=AdapterBook(list(URLS)),
+                client=client,
+                cfg=SimpleNamespace(pipeline=SimpleNamespace(pause_mode="in_place")),
+                state=SimpleNamespace(version=0),
+                meters=Meters(),
+                pushed_group_epoch=-1,
+                trainer=_PushingTrainer(1, fakes, tmp_path),
+            )
+            await Runtime.push(rt, pause=True)
+            assert client.adapter == "spade-v1"
+            rt.trainer = _PushingTrainer(1, fakes, tmp_path)  # restarted from the checkpoint
+            await Runtime.push(rt, pause=True)
+            assert client.adapter == "spade-v1.1" and rt.adapters.taken() == ["spade-v1.1"]
+            assert (await client.generate([1], ONE)).policy(0) == 1
+            fakes["http://b"] = ModelledLoRA()  # crashed and restarted: no adapters
+            Runtime.engine_crashed(rt, SimpleNamespace(url="http://b"))
+            client.release("http://b")
+            rt.trainer.t.version = 2
+            await Runtime.push(rt, pause=True)
+            assert client.adapter == "spade-v2" and rt.adapters.taken() == ["spade-v2"]
+            assert (await client.generate([1], ONE)).policy(0) == 2
+
+    anyio.run(main)
+    assert not any(f.refusals for f in fakes.values()), [f.refusals for f in fakes.values()]
+    assert [b["lora_name"] for p, b in fakes["http://a"].requests if p.startswith("/unload")] == [
+        "spade-v1",
+        "spade-v1.1",
+    ]
+    assert not [p for p, _ in fakes["http://b"].requests if p.startswith("/unload")]
