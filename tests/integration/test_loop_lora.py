@@ -105,3 +105,70 @@ def test_lora_run_pushes_adapters_names_them_and_resumes(
     assert [p["mode"] for p in pushes] == ["lora"] * 2  # the resume's, then step 4's
     assert trained and trained[0][0] == 3 and set(trained[0][1]) == {3}, trained
     assert _steps(run_dir)[-1]["staleness/dropped"] == 0
+
+
+@pytest.mark.slow  # ~60 s on 2 cores
+@pytest.mark.timeout(600)
+def test_async_lora_versions_are_the_adapters_and_nothing_is_refused(
+    tiny_model, tmp_path, engine_trace, monkeypatch
+):
+    """The async schedule keeps requests in flight across pushes: a group played from
+    version v has every turn at version >= v (the adapter current when each request
+    started; SGLang's weight_version stays "0"), no request is refused its adapter though
+    old adapters are unloaded while others generate (the autouse recorder), and with
+    max_staleness 0 every trained sample is of the trainer's version."""
+    import shutil
+
+    from loop_helpers import HERE
+
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
+    played: list[tuple[int, list[int]]] = []  # (state version at the start, turn versions)
+    real_play = cycle.play
+
+    async def spy_play(rt, envs, hints, version, *a, **kw):
+        start = rt.state.version
+        episodes = await real_play(rt, envs, hints, version, *a, **kw)
+        played.append((start, [v for e in episodes for v in e.turn_versions]))
+        return episodes
+
+    monkeypatch.setattr(cycle, "play", spy_play)
+    cfg = recipe.load(
+        None,
+        [
+            "mode='fixed_pool'",
+            "schedule='async'",
+            f"model='{tiny_model}'",
+            "max_steps=4",
+            "replay_envs=1",
+            "initial_memory=''",
+            f"fixed_pool='{pool}'",
+            "checkpoint_every=100",
+            "max_staleness=0",
+            "agent.plays_nohint=8",
+            "agent.max_turns=1",
+            "agent.max_turn_tokens=2",
+            "agent.cut_reply='step'",
+            "agent.temperature=1.0",
+            f"trainer.lora={LORA}",
+            "trainer.lr=1e-2",
+            "telemetry.dashboard='off'",
+            "envs.max_workers=2",
+            "pipeline.groups_in_flight=2",
+            "pipeline.queue_groups=2",
+        ],
+    )
+    run_dir = RunDir(tmp_path / "run")
+    _run(cfg, run_dir)
+    steps = _steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    final = steps[-1]["version"]
+    assert final == 4
+    assert any(start > 0 for start, _ in played), "groups were played from pushed adapters"
+    for start, versions in played:
+        assert versions and all(start <= v <= final for v in versions), played
+    assert all(r["batch/max_agent_age"] == 0 for r in steps)
+    seq = _lora_calls(_calls(sorted(engine_trace.glob("*.jsonl"))))
+    assert [n for p, n in seq if p == "/load_lora_adapter"] == [f"spade-v{i}" for i in (1, 2, 3, 4)]
+    assert len([1 for p, _ in seq if p == "/unload_lora_adapter"]) >= 2
