@@ -289,3 +289,38 @@ def test_restarted_trainer_and_engine_get_fresh_names_and_no_refusal(tmp_path, m
         "spade-v1.1",
     ]
     assert not [p for p, _ in fakes["http://b"].requests if p.startswith("/unload")]
+
+
+def test_a_frozen_small_embedding_caps_what_a_block_lora_can_express(tmp_path):
+    """Why the designer-learning test's LoRA base has embedding_std 0.1: with the tied
+    embedding, head and final RMSNorm frozen, the next-token logits are h E^T with |h| =
+    sqrt(hidden); the most letter mass any h reaches (optimised directly, an upper bound for
+    every block output) is near uniform at the default 0.02 and most of it at 0.1."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spade_async.settings.char_model import char_model_dir
+
+    def best_letter_mass(std):
+        path = char_model_dir(tmp_path / f"m{std}", embedding_std=std)
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        emb = model.get_input_embeddings().weight.detach().double()
+        norm = model.model.norm.weight.detach().double()
+        letters = [i for t, i in tok.get_vocab().items() if len(t) == 1 and t.islower()]
+        u = torch.randn(
+            emb.shape[1], dtype=torch.double, generator=torch.Generator().manual_seed(0)
+        )
+        u.requires_grad_(True)
+        opt = torch.optim.Adam([u], lr=0.1)
+        for _ in range(400):
+            h = u / u.norm() * emb.shape[1] ** 0.5 * norm
+            loss = -torch.logsumexp(torch.log_softmax(h @ emb.T, -1)[letters], 0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return torch.exp(-loss).item(), len(letters) / emb.shape[0]
+
+    capped, uniform = best_letter_mass(None)  # the config's initializer_range 0.02
+    assert capped < uniform + 0.1, (capped, uniform)
+    assert best_letter_mass(0.1)[0] > 0.8  # found by the search: the bound is higher
