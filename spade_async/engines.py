@@ -74,25 +74,35 @@ class CPUEngineServer(SGLangServer):
     kind = "CPU engine"
 
     def __init__(
-        self, cfg: SGLangConfig, *, threads: int, dtype: str, cpus: list[int] = ()
+        self,
+        cfg: SGLangConfig,
+        *,
+        threads: int,
+        dtype: str,
+        cpus: list[int] = (),
+        lora_args: list[str] = (),
     ) -> None:
         super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0], extra_args=[]))  # checks only
         self.cfg = cfg
-        self.argv = [
-            sys.executable,
-            "-m",
-            "spade_async.generation.server",
-            "--model",
-            cfg.model_path,
-            "--host",
-            cfg.host,
-            "--port",
-            str(cfg.port),
-            "--dtype",
-            dtype,
-            "--weight-version",
-            cfg.weight_version,
-        ] + (["--threads", str(threads)] if threads else [])
+        self.argv = (
+            [
+                sys.executable,
+                "-m",
+                "spade_async.generation.server",
+                "--model",
+                cfg.model_path,
+                "--host",
+                cfg.host,
+                "--port",
+                str(cfg.port),
+                "--dtype",
+                dtype,
+                "--weight-version",
+                cfg.weight_version,
+            ]
+            + (["--threads", str(threads)] if threads else [])
+            + list(lora_args)
+        )
         self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
         self.argv = watchdog.prefix(cpus=cpus) + self.argv
 
@@ -105,9 +115,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def lora_flags(lora, extra_args: list[str] = ()) -> list[str]:
+    """SGLang's flags that serve ``trainer.lora``'s adapters (``LoraConfig``; None: none),
+    unless ``extra_args`` enables LoRA itself."""
+    from spade_async.generation.lora import launch_args
+
+    if lora is None or "--enable-lora" in extra_args:
+        return []
+    return launch_args(lora.rank, list(lora.target_modules))
+
+
 def servers(
-    cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
+    cfg: EngineConfig,
+    model_dir: str | Path,
+    log_dir: Path,
+    *,
+    weight_version: int = 0,
+    lora=None,
 ) -> list[SGLangServer]:
+    """The engine servers of ``cfg``; ``lora`` (``trainer.lora``): they serve its adapters."""
     out: list[SGLangServer] = []
     groups = [[]] * cfg.count if cfg.kind == "cpu" else cfg.gpus
     for i, gpus in enumerate(groups):
@@ -120,14 +146,23 @@ def servers(
             tp_size=max(1, len(gpus)),
             mem_fraction_static=cfg.mem_fraction_static,
             weight_version=str(weight_version),
-            extra_args=list(cfg.extra_args),
+            extra_args=list(cfg.extra_args)
+            + (lora_flags(lora, cfg.extra_args) if cfg.kind == "sglang" else []),
             deterministic=cfg.deterministic,
             start_timeout_s=cfg.start_timeout_s,
             max_restarts=cfg.max_restarts,
             log_path=str(log_dir / f"engine-{i}.log"),
         )
         if cfg.kind == "cpu":
-            out.append(CPUEngineServer(scfg, threads=cfg.threads, dtype=cfg.dtype, cpus=cfg.cpus))
+            out.append(
+                CPUEngineServer(
+                    scfg,
+                    threads=cfg.threads,
+                    dtype=cfg.dtype,
+                    cpus=cfg.cpus,
+                    lora_args=lora_flags(lora),
+                )
+            )
         else:
             server = SGLangServer(scfg)
             server.argv = watchdog.prefix() + server.argv  # dies with the controller
@@ -137,11 +172,16 @@ def servers(
 
 @contextlib.asynccontextmanager
 async def running_engines(
-    cfg: EngineConfig, model_dir: str | Path, log_dir: Path, *, weight_version: int = 0
+    cfg: EngineConfig,
+    model_dir: str | Path,
+    log_dir: Path,
+    *,
+    weight_version: int = 0,
+    lora=None,
 ) -> AsyncIterator[list[SGLangServer]]:
     """Start every engine (supervised, restarted on crashes) at once; yield them once all
     are healthy; stop them. A failed start stops the others."""
-    procs = servers(cfg, model_dir, log_dir, weight_version=weight_version)
+    procs = servers(cfg, model_dir, log_dir, weight_version=weight_version, lora=lora)
     async with anyio.create_task_group() as tg:
 
         async def launch(p: SGLangServer) -> None:

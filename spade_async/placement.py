@@ -52,8 +52,11 @@ __all__ = [
 
 
 def push_mode(cfg: Config) -> str:
-    """The weight-push path ``placement.weight_push`` resolves to."""
+    """The weight-push path ``placement.weight_push`` resolves to (``lora``: adapters only,
+    whenever ``trainer.lora`` is set; loop/lora.py)."""
     mode = cfg.placement.weight_push
+    if cfg.trainer.lora is not None:
+        return "lora"
     if mode != "auto":
         return mode
     if cfg.engine.kind == "cpu" or not cfg.placement.trainer_gpus:
@@ -131,6 +134,17 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             "placement.colocate = true needs schedule = 'sync': engines and trainer share the "
             "GPUs and take turns, so generation cannot overlap training"
+        )
+    if cfg.trainer.lora is not None and pl.weight_push != "auto":
+        raise ConfigError(
+            f"placement.weight_push = '{pl.weight_push}' with trainer.lora: LoRA pushes only "
+            "the adapter (/load_lora_adapter from a directory); leave weight_push = 'auto'"
+        )
+    if cfg.trainer.lora is not None and pl.colocate and pl.release_memory:
+        raise ConfigError(
+            "trainer.lora with placement.colocate and release_memory: SGLang resumes released "
+            "weights undefined and the adapter push never resends the base; set "
+            "placement.release_memory = false"
         )
     mode = push_mode(cfg)
     if mode in ("distributed", "tensor") and eng.kind != "sglang":
@@ -284,7 +298,9 @@ def launch_plan(
     from spade_async.engines import servers
 
     out = []
-    for i, srv in enumerate(servers(cfg.engine, engine_model_dir or model_dir, Path(run_dir))):
+    lora = cfg.trainer.lora
+    engine_model = model_dir if lora is not None else (engine_model_dir or model_dir)
+    for i, srv in enumerate(servers(cfg.engine, engine_model, Path(run_dir), lora=lora)):
         gpus = list(srv.cfg.gpu_ids) if cfg.engine.kind == "sglang" else []
         out.append(
             PlannedProcess(
@@ -329,6 +345,7 @@ _PUSH_WORDS = {
     "disk": "safetensors on disk (/update_weights_from_disk)",
     "distributed": "NCCL broadcast from trainer rank 0 (/update_weights_from_distributed)",
     "tensor": "CUDA IPC handles (/update_weights_from_tensor)",
+    "lora": "LoRA adapters only, a new name per version (/load_lora_adapter)",
 }
 
 

@@ -102,3 +102,99 @@ class ModelledSGLang:
 def transport(engines: dict[str, ModelledSGLang]) -> httpx.MockTransport:
     """One transport for several fake servers, by host: {"http://a": engine, ...}."""
     return httpx.MockTransport(lambda r: engines[f"http://{r.url.host}"](r))
+
+
+class ModelledLoRA:
+    """SGLang 0.5.23's adapter serving for ``httpx.MockTransport`` (async handler):
+    ``lora/lora_registry.py`` and ``tokenizer_control_mixin`` of the pinned wheel, with the
+    messages ``generation/lora.py`` models. A second ``/load_lora_adapter`` of a loaded name,
+    an ``/unload_lora_adapter`` of an unknown one and a ``/generate`` naming an adapter that
+    is not loaded are refused (HTTP 400); an unload waits for the in-flight requests on its
+    adapter; ``meta_info.weight_version`` stays the base's (SGLang bumps it on weight
+    updates only, never on adapter loads). ``gate``: when set, generation waits on it."""
+
+    def __init__(self, *, weight_version: str = "0") -> None:
+        self.weight_version = weight_version
+        self.loaded: dict[str, str] = {}
+        self.inflight: Counter[str] = Counter()
+        self.requests: list[tuple[str, dict]] = []
+        self.refusals: list[tuple[str, str]] = []
+        self.gate = None  # an anyio.Event generation waits for
+
+    def _refuse(self, path: str, message: str, *, generate: bool = False) -> httpx.Response:
+        self.refusals.append((path, message))
+        if generate:
+            return httpx.Response(400, json={"error": {"message": message}})
+        return httpx.Response(400, json={"success": False, "error_message": message,
+                                         "loaded_adapters": dict(self.loaded)})  # fmt: skip
+
+    def _load(self, body: dict) -> httpx.Response | None:
+        name = body["lora_name"]
+        if name in self.loaded:
+            return self._refuse("/load_lora_adapter", f"LoRA with name {name} already exists. "
+                                                      f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
+        self.loaded[name] = body["lora_path"]
+        return None
+
+    def _unload(self, body: dict) -> httpx.Response | None:
+        name = body["lora_name"]
+        if name not in self.loaded:
+            return self._refuse("/unload_lora_adapter", f"LoRA with name {name} does not exist. "
+                                                        f"Loaded LoRAs: {sorted(self.loaded)}")  # fmt: skip
+        self.loaded.pop(name)  # no new request on it from now on
+        return None
+
+    def _ok(self) -> httpx.Response:
+        return httpx.Response(200, json={"success": True, "error_message": None,
+                                         "loaded_adapters": dict(self.loaded)})  # fmt: skip
+
+    def sync(self, request: httpx.Request) -> httpx.Response:
+        """The control routes for a sync ``httpx.Client`` (the trainer's push)."""
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((path, body))
+        if path == "/load_lora_adapter":
+            return self._load(body) or self._ok()
+        if path == "/unload_lora_adapter":
+            if self.inflight[body["lora_name"]]:
+                raise AssertionError("a sync unload would block on in-flight requests")
+            return self._unload(body) or self._ok()
+        return httpx.Response(404)
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        import anyio
+
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((path, body))
+        if path == "/load_lora_adapter":
+            if (refused := self._load(body)) is not None:
+                return refused
+        elif path == "/unload_lora_adapter":
+            if (refused := self._unload(body)) is not None:
+                return refused
+            while self.inflight[body["lora_name"]]:  # returns once those on it have finished
+                await anyio.sleep(0.005)
+        elif path == "/generate":
+            name = body.get("lora_path")
+            if name is not None and name not in self.loaded:
+                return self._refuse(
+                    path,
+                    f"The following requested LoRA adapters are not loaded: {name}\n"
+                    f"Loaded adapters: {sorted(self.loaded)}.",
+                    generate=True,
+                )
+            self.inflight[name] += 1
+            try:
+                if self.gate is not None:
+                    await self.gate.wait()
+            finally:
+                self.inflight[name] -= 1
+            return httpx.Response(200, json={"text": "", "output_ids": [5], "meta_info": {
+                "id": "r", "prompt_tokens": 1, "completion_tokens": 1,
+                "finish_reason": {"type": "length", "length": 1},
+                "output_token_logprobs": [[-0.25, 5, None]],
+                "weight_version": self.weight_version}})  # fmt: skip
+        else:
+            return httpx.Response(404)
+        return self._ok()

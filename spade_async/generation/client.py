@@ -90,10 +90,17 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     url: str
     policy_version: str | None = None  # the oldest weights behind any token (meta_info spans)
+    lora_path: str | None = None  # the adapter the request ran on (None: the base)
+    adapter_version: int | None = None  # LoRA serving: the policy version of that adapter
 
     def policy(self, fallback: int) -> int:
-        """The turn's policy version as the trainer counts them (``policy_version``, the
-        oldest weights behind these tokens); ``fallback`` when the engine's is not a number."""
+        """The turn's policy version as the trainer counts them: under LoRA serving the
+        version of the adapter the request ran on (``spade-v{N}`` -> N, the base 0: SGLang's
+        ``weight_version`` stays the base's through adapter loads), else ``policy_version``,
+        the oldest weights behind these tokens; ``fallback`` when the engine's is not a
+        number."""
+        if self.adapter_version is not None:
+            return self.adapter_version
         version = self.policy_version if self.policy_version is not None else self.weight_version
         try:
             return int(version) if version is not None else fallback
@@ -117,6 +124,11 @@ class GenerationClient:
         self._held: set[str] = set()  # restarted engines kept out of rotation (hold/release)
         self._released = anyio.Event()
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        # LoRA serving (``use_adapters``): the adapter new requests run on (None: the base)
+        # and the requests in flight per adapter (loop/lora.py unloads unused ones only)
+        self.lora = False
+        self.adapter: str | None = None
+        self._adapter_inflight: dict[str | None, int] = {}
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 self.config.request_timeout_s, connect=self.config.connect_timeout_s
@@ -171,6 +183,28 @@ class GenerationClient:
     def end_session(self, session_key: str) -> None:
         self._sessions.pop(session_key, None)
 
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    def use_adapters(self, adapter: str | None = None) -> None:
+        """Serve through adapters from now on: every request names ``adapter`` (None: the
+        base, policy version 0) until ``set_adapter``; results carry that adapter's version."""
+        self.lora, self.adapter = True, adapter
+
+    def set_adapter(self, name: str | None) -> None:
+        """Requests sent from now on run on adapter ``name`` (loaded on every engine); those
+        already sent keep theirs (SGLang pins a request's adapter)."""
+        self.adapter = name
+
+    def adapter_load(self) -> dict[str | None, int]:
+        """Requests in flight (retries and waits included) per adapter name."""
+        return {k: v for k, v in self._adapter_inflight.items() if v}
+
+    async def unload_adapter(self, name: str, urls: Sequence[str]) -> None:
+        """SGLang ``/unload_lora_adapter`` of ``name`` on ``urls``; a refusal is EngineError."""
+        from spade_async.generation.lora import UnloadLoRAAdapterReqInput
+
+        req = UnloadLoRAAdapterReqInput(lora_name=name)
+        await self._fan_out([(url, routes.UNLOAD_LORA, req) for url in urls])
+
     # ---- generation ------------------------------------------------------------------------
     async def generate(
         self,
@@ -198,27 +232,41 @@ class GenerationClient:
         return_logprob: bool = True,
         session_key: str | None = None,
     ) -> list[GenerateResult]:
-        """``sampling.n`` completions of one prompt, in sample order."""
-        req = GenerateReqInput(
-            input_ids=list(input_ids), sampling_params=sampling, return_logprob=return_logprob
-        )
+        """``sampling.n`` completions of one prompt, in sample order. Under LoRA serving the
+        request runs on the current adapter, chosen once: its retries keep it."""
         async with self._limiter:
-            while True:
-                if self._held.issuperset(self.urls):  # every engine restarting: wait for one
-                    await self._released.wait()
-                    continue
-                url = self.pick(session_key)
-                self._inflight[url] += 1
-                try:
-                    body = await self._call(url, routes.GENERATE, req)
-                    break
-                except _Held:  # its engine crashed and is held: another one (or wait)
-                    continue
-                finally:
-                    self._inflight[url] -= 1
+            adapter = self.adapter if self.lora else None
+            req = GenerateReqInput(
+                input_ids=list(input_ids),
+                sampling_params=sampling,
+                return_logprob=return_logprob,
+                lora_path=adapter,
+            )
+            self._adapter_inflight[adapter] = self._adapter_inflight.get(adapter, 0) + 1
+            try:
+                body, url = await self._generate_on_some_engine(req, session_key)
+            finally:
+                self._adapter_inflight[adapter] -= 1
         outs = _decode(_GEN_DECODER, body, url, routes.GENERATE)
         outs = outs if isinstance(outs, list) else [outs]
-        return [_result(o, url) for o in outs]
+        version = _adapter_version(adapter) if self.lora else None
+        return [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
+
+    async def _generate_on_some_engine(
+        self, req: GenerateReqInput, session_key: str | None
+    ) -> tuple[bytes, str]:
+        while True:
+            if self._held.issuperset(self.urls):  # every engine restarting: wait for one
+                await self._released.wait()
+                continue
+            url = self.pick(session_key)
+            self._inflight[url] += 1
+            try:
+                return await self._call(url, routes.GENERATE, req), url
+            except _Held:  # its engine crashed and is held: another one (or wait)
+                continue
+            finally:
+                self._inflight[url] -= 1
 
     # ---- control ---------------------------------------------------------------------------
     async def check_health(self) -> dict[str, bool]:
@@ -482,10 +530,20 @@ def _message(resp: httpx.Response) -> str:
             return str(err["message"])
         if "message" in body:
             return str(body["message"])
+        if body.get("error_message"):  # LoRAUpdateOutput (the LoRA routes)
+            return str(body["error_message"])
     return f"HTTP {resp.status_code}: {str(body)[:300]}"
 
 
-def _result(out: GenerateOutput, url: str) -> GenerateResult:
+def _adapter_version(name: str | None) -> int:
+    from spade_async.generation.lora import adapter_version
+
+    return 0 if name is None else adapter_version(name)
+
+
+def _result(
+    out: GenerateOutput, url: str, *, lora_path: str | None = None, adapter_version=None
+) -> GenerateResult:
     meta = out.meta_info
     finish = meta.finish_reason
     lps = meta.output_token_logprobs or []
@@ -499,4 +557,6 @@ def _result(out: GenerateOutput, url: str) -> GenerateResult:
         policy_version=meta.oldest_version(),
         prompt_tokens=meta.prompt_tokens,
         url=url,
+        lora_path=lora_path,
+        adapter_version=adapter_version,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,27 @@ __all__ = [
     "LoRAUpdateOutput",
     "LoraServing",
     "merge_adapter",
+    "adapter_name",
+    "adapter_version",
 ]
+
+_NAME = re.compile(r"spade-v(\d+)(?:\.(\d+))?")
+
+
+def adapter_name(version: int, again: int = 0) -> str:
+    """The name policy ``version``'s adapter is loaded under: ``spade-v{N}``, and
+    ``spade-v{N}.{k}`` for the k-th load of the same version again (a restarted trainer or
+    engine re-pushes a version; SGLang refuses a second load of a loaded name)."""
+    return f"spade-v{version}" if again == 0 else f"spade-v{version}.{again}"
+
+
+def adapter_version(name: str) -> int:
+    """``spade-v{N}[.k]`` -> N: the policy version of the tokens a request on it generated
+    (SGLang keeps ``weight_version`` at the base's on adapter loads)."""
+    m = _NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(f"'{name}' is not an adapter name of this project (spade-v<N>[.<k>])")
+    return int(m.group(1))
 
 
 class LoadLoRAAdapterReqInput(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -142,42 +163,66 @@ class LoraServing:
             weight_version=version,
         )
 
-    def _refuse(self, message: str):
+    def _refuse(self, message: str, path: str = ""):
+        if path:
+            self.record(path, ok=False, message=message)
         return LoRAUpdateOutput(success=False, error_message=message, loaded_adapters=self.loaded())
 
+    def record(self, path: str, *, ok: bool, message: str) -> None:
+        """One LoRA call into the engine's call log (``SPADE_ENGINE_TRACE``: the loop tests'
+        recorder fails a test on any refusal); ``message`` names the adapter."""
+        from spade_async.generation.sglang_state import Call, Verdict
+
+        sgl = self.app.sgl
+        if ok and path == "/generate":  # one per request: traced only, not kept in sgl.calls
+            if sgl.on_call is not None:
+                sgl.on_call(Call(path=path, ok=True, message=message))
+            return
+        sgl.judge(path, Verdict(ok=ok, status=200 if ok else 400, message=message))
+
     async def load(self, req: LoadLoRAAdapterReqInput) -> LoRAUpdateOutput:
+        path = "/load_lora_adapter"
         if not self.enabled:
-            return self._refuse("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+            return self._refuse(
+                "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", path
+            )
         async with self._lock:
             if req.lora_name in self.adapters:
                 return self._refuse(
                     f"LoRA with name {req.lora_name} already exists. "
-                    f"Loaded LoRAs: {sorted(self.adapters)}"
+                    f"Loaded LoRAs: {sorted(self.adapters)}",
+                    path,
                 )
             # the adapter's weight version: the engine's base version (as SGLang reports it)
             version = self.app.engine.weight_version
             try:
                 engine = await anyio.to_thread.run_sync(self._build, req.lora_path, version)
             except Exception as exc:  # a failed load is an answer; the others keep serving
-                return self._refuse(f"failed to load LoRA adapter {req.lora_path}: {exc}")
+                return self._refuse(f"failed to load LoRA adapter {req.lora_path}: {exc}", path)
             engine.start()
             self.adapters[req.lora_name] = (req.lora_path, engine)
+        self.record(path, ok=True, message=f"lora_name={req.lora_name}")
         return LoRAUpdateOutput(success=True, loaded_adapters=self.loaded())
 
     async def unload(self, req: UnloadLoRAAdapterReqInput) -> LoRAUpdateOutput:
+        path = "/unload_lora_adapter"
         if not self.enabled:
-            return self._refuse("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+            return self._refuse(
+                "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", path
+            )
         async with self._lock:
             if req.lora_name not in self.adapters:
                 return self._refuse(
                     f"LoRA with name {req.lora_name} does not exist. "
-                    f"Loaded LoRAs: {sorted(self.adapters)}"
+                    f"Loaded LoRAs: {sorted(self.adapters)}",
+                    path,
                 )
             # new requests stop using it now; the ones running finish on it
             _, engine = self.adapters.pop(req.lora_name)
         while engine.load() > 0:
             await asyncio.sleep(0.01)
         await anyio.to_thread.run_sync(engine.stop)
+        self.record(path, ok=True, message=f"lora_name={req.lora_name}")
         return LoRAUpdateOutput(success=True, loaded_adapters=self.loaded())
 
     def stop(self) -> None:

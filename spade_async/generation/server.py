@@ -138,12 +138,20 @@ class EngineApp(ControlRoutes):
         names = lora_path if isinstance(lora_path, list) else [lora_path] * n
         if len(names) != n:
             raise BadRequest(f"{len(names)} lora_path entries for {n} prompts")
-        if any(names) and not self.lora.enabled:
-            raise BadRequest("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if not any(names):
+            return [self.engine] * n
+        path = "/generate"  # requests on adapters go into the call log (lora.record)
+        if not self.lora.enabled:
+            message = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+            self.lora.record(path, ok=False, message=message)
+            raise BadRequest(message)
         try:
-            return [self.engine if not name else self.lora.engine_for(name) for name in names]
+            engines = [self.engine if not name else self.lora.engine_for(name) for name in names]
         except KeyError as exc:
+            self.lora.record(path, ok=False, message=exc.args[0])
             raise BadRequest(exc.args[0]) from None
+        self.lora.record(path, ok=True, message="lora_path=" + ",".join(map(str, names)))
+        return engines
 
     def _normalise(self, req: GenerateReqInput):
         if req.stream:

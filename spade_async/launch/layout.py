@@ -65,7 +65,7 @@ def check_layout(
     loopback = ("127.0.0.1", "localhost", "::1")
     remote = pl.engine_nodes > 0 or any(_host(u) not in loopback for u in eng.external)
     mode = push_mode
-    if remote and mode == "disk" and not pl.weight_dir:
+    if remote and mode in ("disk", "lora") and not pl.weight_dir:
         raise ConfigError(
             "engines on other nodes load pushed weights from disk: set placement.weight_dir to a "
             "directory they all mount (or use weight_push = 'distributed' over NCCL)"

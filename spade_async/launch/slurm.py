@@ -27,6 +27,8 @@ __all__ = ["sbatch_script", "main"]
 
 
 def _engine_command(cfg: recipe.Config, i: int) -> str:
+    from spade_async.engines import lora_flags
+
     pl, eng = cfg.placement, cfg.engine
     tp = pl.gpus_per_node // pl.engines_per_node
     argv, env = build_command(
@@ -37,7 +39,7 @@ def _engine_command(cfg: recipe.Config, i: int) -> str:
             host="0.0.0.0",
             tp_size=tp,
             mem_fraction_static=eng.mem_fraction_static,
-            extra_args=list(eng.extra_args),
+            extra_args=list(eng.extra_args) + lora_flags(cfg.trainer.lora, eng.extra_args),
         )
     )
     argv[0] = "python"  # the engine node's interpreter (the same image)

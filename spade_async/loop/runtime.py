@@ -28,6 +28,7 @@ from spade_async.envs.pool import EnvPool
 from spade_async.generation.client import GenerationClient
 from spade_async.launch.external import attach
 from spade_async.launch.router import RoutedClient, running_router
+from spade_async.loop.lora import AdapterBook
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
@@ -76,6 +77,7 @@ class Runtime:
     model_dir: Path | None = None  # the base model the trainer starts from without a checkpoint
     trainer_restarts: int = 0  # restarts so far
     pushed_group_epoch: int = -1  # distributed push: the NCCL weight group last used
+    adapters: AdapterBook | None = None  # trainer.lora: the adapters engines hold (loop/lora.py)
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
@@ -114,17 +116,27 @@ class Runtime:
 
                 self.push_kw["master_port"] = kw["master_port"] = free_port()
             kw.update(group_epoch=epoch, previous_group_epoch=self.pushed_group_epoch)
+        if self.adapters is not None:  # only the adapter, under a new name (loop/lora.py)
+            kw.update(lora_taken=self.adapters.taken(), lora_keep=-1)
+            pause = False  # loading an adapter leaves running requests alone
         pushed = await self.trainer.push_weights(
             **kw, pause_mode=self.cfg.pipeline.pause_mode if pause else ""
         )
         self.pushed_group_epoch = kw.get("group_epoch", -1)
         self.state.version = pushed.version
+        if self.adapters is not None:
+            self.client.set_adapter(self.adapters.pushed(pushed.engines))
+            unloaded = await self.adapters.retire(self.client)
+            self.meters.count("lora/unloaded", len(unloaded))
         return pushed
 
     def engine_crashed(self, server) -> None:
         """A crashed engine will come back serving its start-up weights: out of the
-        generation client's rotation (retries included) until ``engine_restarted`` pushed."""
+        generation client's rotation (retries included) until ``engine_restarted`` pushed;
+        under LoRA it comes back holding no adapters."""
         self.client.hold(server.url)
+        if self.adapters is not None:
+            self.adapters.forget(server.url)
 
     async def engine_restarted(self, server) -> None:
         """A crashed engine came back serving its start-up weights: the current ones go to
@@ -215,7 +227,7 @@ def push_kwargs(
             dtype = extra[i + 1]
         elif arg.startswith("--dtype="):
             dtype = arg.split("=", 1)[1]
-    if mode == "disk":
+    if mode in ("disk", "lora"):  # lora: the adapter directory, /load_lora_adapter
         kw: dict[str, Any] = {"engines": list(urls), "mode": mode, "dtype": dtype}
         if cfg.placement.weight_dir:  # external engines on another node read it from here
             kw["shm_dir"] = cfg.placement.weight_dir
@@ -241,7 +253,10 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         )
     external = await attach(cfg.engine.external) if cfg.engine.external else {}
     model_dir = resolve_model(cfg.model)
-    engine_model = run_dir.hf if resumed is not None and run_dir.hf.is_dir() else model_dir
+    lora = cfg.trainer.lora is not None  # engines: the frozen base + adapters (loop/lora.py)
+    engine_model = (
+        run_dir.hf if resumed is not None and run_dir.hf.is_dir() and not lora else model_dir
+    )
     tokenizer = load_tokenizer(str(model_dir) if Path(str(model_dir)).is_dir() else cfg.model)
     store = MemoryStore(run_dir.memory, cfg.memory)
     async with contextlib.AsyncExitStack() as stack:
@@ -274,7 +289,13 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         tg.start_soon(start_trainer)
         tg.start_soon(seed_memory)
         engines = await stack.enter_async_context(
-            running_engines(cfg.engine, engine_model, run_dir.root, weight_version=state.version)
+            running_engines(
+                cfg.engine,
+                engine_model,
+                run_dir.root,
+                weight_version=0 if lora else state.version,
+                lora=cfg.trainer.lora,
+            )
         )
         urls = [e.url for e in engines] + list(external)  # external: never stopped by us
         router = await stack.enter_async_context(running_router(cfg.engine, urls, run_dir.root))
@@ -309,12 +330,17 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
+        if lora:  # requests name the current adapter; none yet: the base (version 0)
+            rt.adapters = AdapterBook([u.rstrip("/") for u in urls])
+            client.use_adapters(None)
         if state.meters:
             rt.meters.load_state_dict(state.meters)
         for e in engines:  # a restarted engine gets the current weights before it serves
             e.on_restart = rt.engine_restarted
             e.on_crash = rt.engine_crashed
-        if external:  # engines this run did not start serve whatever they had: the trainer's now
+        # engines this run did not start serve whatever they had: the trainer's now; under
+        # LoRA a resumed run's engines serve the base: its checkpoint's adapter goes first
+        if external or (lora and resumed is not None):
             await rt.push(pause=False)
         try:
             yield rt

@@ -38,9 +38,20 @@ def char_tokenizer(chat_template: str):
 
 
 def char_model_dir(
-    path: str | Path, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
+    path: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    embedding_std: float | None = None,
 ) -> Path:
-    """Write the character-level random Llama to ``path`` (kept if already there)."""
+    """Write the character-level random Llama to ``path`` (kept if already there).
+
+    ``embedding_std``: the (tied) embedding's init std instead of the config's 0.02. A LoRA
+    on the blocks leaves embedding, head and final norm frozen, so the logits are at most
+    |h| |e| apart with |h| = sqrt(hidden) fixed by the final RMSNorm: at 0.02 no block output
+    puts more than ~0.32 of the mass on the 26 letters (uniform: 0.26), at 0.1 ~0.96 (what a
+    pretrained model's embedding gives a LoRA; tests/integration/test_designer_learning.py)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -66,6 +77,9 @@ def char_model_dir(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    if embedding_std is not None:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, embedding_std)
 
     def build(tmp: Path) -> None:
         model.save_pretrained(tmp)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from spade_async.errors import ConfigError
+from spade_async.generation.lora import adapter_name
 from spade_async.trainer.config import LoraConfig
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "adapter_config",
     "ADAPTER_FILE",
     "ADAPTER_CONFIG",
+    "adapter_name",
+    "push_adapter",
 ]
 
 ADAPTER = "default"
@@ -187,11 +190,6 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
 
 
 # ---- adapter-only weight push ------------------------------------------------------------------
-def adapter_name(version: int) -> str:
-    """The name a policy version's adapter is loaded under on the engines (one per version)."""
-    return f"spade-v{version}"
-
-
 def push_adapter(
     trainer,
     engines: list[str],
@@ -201,13 +199,20 @@ def push_adapter(
     keep: int = 1,
     dtype: str = "",
     transport=None,
+    taken: list[str] | tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Every rank calls this: export only the adapters (peft format, the engine's dtype) to
-    shared memory, ``POST /load_lora_adapter`` them on every engine under
-    ``adapter_name(version)``, then unload the adapters older than the ``keep`` previous
-    versions (SGLang's unload stops new requests on that name at once and returns when the
-    in-flight requests using it have finished, so a sample's adapter never changes under
-    it). Returns {engine URL: adapter name} on rank 0."""
+    shared memory and ``POST /load_lora_adapter`` them on every engine under a new name,
+    ``adapter_name(version)`` (``spade-v{N}.{k}`` when an earlier load of that version is
+    still loaded somewhere: ``taken`` names what the caller knows is loaded). Engines read
+    the files at load time (SGLang's ``LoRAManager.load_lora_weights``, into CPU memory), so
+    only the newest export is kept.
+
+    ``keep >= 0``: the trainer also unloads the adapters it pushed before the ``keep``
+    previous ones (SGLang's unload stops new requests on that name at once and returns when
+    the in-flight requests using it have finished). ``keep < 0``: it unloads nothing; the run
+    loop does (``loop/lora.py``: an adapter is unloaded once no request uses it). Returns
+    {engine URL: adapter name} on rank 0."""
     import os
     import shutil
 
@@ -216,13 +221,17 @@ def push_adapter(
     from spade_async.trainer.stream import engine_dtype
     from spade_async.trainer.weights import WeightPushError, _check, _shm_root
 
+    pushed: list[str] = list(getattr(trainer, "pushed_adapters", []))
+    busy = set(taken) | set(pushed)
+    again = 0
+    while adapter_name(trainer.version, again) in busy:
+        again += 1
+    name = adapter_name(trainer.version, again)
     root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
-    target = root / f"lora-v{trainer.version}"
+    target = root / f"lora-{name.removeprefix('spade-')}"
     export_adapter(trainer, target, engine_dtype(trainer.model_dir, dtype, sglang_auto=False))
     if trainer.rank != 0:
         return {}
-    name = adapter_name(trainer.version)
-    loaded: list[int] = getattr(trainer, "pushed_adapters", [])
     with httpx.Client(timeout=timeout, transport=transport) as client:
         for url in engines:
             body = {"lora_name": name, "lora_path": str(target)}
@@ -232,16 +241,17 @@ def push_adapter(
                     f"engine {url} refused adapter {name} ({resp.status_code}): "
                     f"{resp.json().get('error_message') if resp.content else resp.text}"
                 )
-        loaded = [*loaded, trainer.version]
-        old, keep_versions = loaded[: -1 - keep], loaded[-1 - keep :]
-        for v in old:
-            for url in engines:
-                _check(
-                    url,
-                    client.post(f"{url}/unload_lora_adapter", json={"lora_name": adapter_name(v)}),
-                )
-    trainer.pushed_adapters = keep_versions
-    for d in root.iterdir():  # exports of unloaded adapters
-        if d.name.startswith("lora-v") and int(d.name[6:]) not in keep_versions:
+        pushed.append(name)
+        if keep >= 0:
+            old, pushed = pushed[: -1 - keep], pushed[-1 - keep :]
+            for n in old:
+                for url in engines:
+                    _check(url, client.post(f"{url}/unload_lora_adapter", json={"lora_name": n}))
+        else:
+            pushed = [name]
+    trainer.pushed_adapters = pushed
+    kept = {f"lora-{n.removeprefix('spade-')}" for n in (pushed if keep >= 0 else [name])}
+    for d in root.iterdir():  # exports the engines have read already
+        if d.name.startswith("lora-v") and d.name not in kept:
             shutil.rmtree(d, ignore_errors=True)
     return {url: name for url in engines}

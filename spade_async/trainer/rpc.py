@@ -70,6 +70,10 @@ class PushWeights(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     # and the previous push's (-1 = none), whose group the engines are asked to drop
     group_epoch: int = 0
     previous_group_epoch: int = -1
+    # lora mode: adapter names loaded on some engine (the new one avoids them), and how
+    # many previous adapters the trainer keeps loaded (< 0: none unloaded; the loop does)
+    lora_taken: list[str] = []
+    lora_keep: int = 1
 
 
 class Save(msgspec.Struct, tag=True, frozen=True, kw_only=True):

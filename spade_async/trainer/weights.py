@@ -431,7 +431,13 @@ def push_weights(trainer, req, stats: dict | None = None) -> dict[str, str]:
         if trainer.cfg.lora is None:
             raise WeightPushError("push mode 'lora' needs trainer.lora (adapters to send)")
         return push_adapter(
-            trainer, req.engines, shm_dir=req.shm_dir, timeout=timeout, dtype=req.dtype
+            trainer,
+            req.engines,
+            shm_dir=req.shm_dir,
+            timeout=timeout,
+            dtype=req.dtype,
+            keep=req.lora_keep,
+            taken=req.lora_taken,
         )
     engines = [engine_target(u) for u in req.engines]
     if req.mode == "distributed":

@@ -30,6 +30,16 @@ from spade_async.settings.char_model import char_model_dir
 from spade_async.settings.letter_window import letter_of
 
 RECIPE = "configs/cpu-learning.toml"
+# trainer.lora (loop/lora.py: engines serve the frozen base + the pushed adapter): adapters
+# on every block linear at a rank near the 64-wide model's width, at 2x the full fine-tuning
+# lr. Its base's tied embedding starts at std 0.1, not 0.02: LoRA leaves embedding, head and
+# final norm frozen, so with 0.02 no block output can put more than ~0.32 of the next-token
+# mass on the 26 letters (uniform 0.26; a LoRA run there went 0.07 -> 0.15), with 0.1 up to
+# ~0.96, as a pretrained model's embedding allows (settings/char_model.py). Same criteria.
+VARIANTS = {
+    "full": ([], None),
+    "lora": (["trainer.lora={rank=32,alpha=64.0}", "trainer.lr=1e-1"], 0.1),
+}
 START_BELOW = 0.3  # mean designer reward over the first five steps
 RISE = 0.2  # second-half mean minus the first five steps' mean
 
@@ -41,11 +51,13 @@ def _mean(xs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_designer_learns(tmp_path, monkeypatch, request):
-    model = char_model_dir(tmp_path / "model")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_designer_learns(tmp_path, monkeypatch, request, variant):
+    overrides, embedding_std = VARIANTS[variant]
+    model = char_model_dir(tmp_path / "model", embedding_std=embedding_std)
     cfg = recipe.load(
         request.config.rootpath / RECIPE,
-        [f"model='{model}'", "telemetry.dashboard='off'", "seed=0"],
+        [f"model='{model}'", "telemetry.dashboard='off'", "seed=0", *overrides],
     )
     trained: list[tuple[str, float]] = []  # (role, advantage) of every sample the trainer took
     real = cycle.train_and_push

@@ -193,3 +193,26 @@ def test_adapter_push_serves_the_policy_and_unloads_old_versions(tiny_model, tmp
     )
     got = torch.tensor([row[0] for row in out["meta_info"]["output_token_logprobs"]])
     assert_close_norm(got, want, forward_bound(merged.config, ids.shape[1]), "served log-probs")
+
+
+def test_adapter_push_for_the_loop_takes_a_free_name_and_unloads_nothing(tiny_model, tmp_path):
+    """The run loop's push (keep < 0, loop/lora.py): a version whose name an engine still
+    holds is loaded as spade-v{N}.1 (the CPU engine, like SGLang, refuses a second load of a
+    name); nothing is unloaded by the trainer; only the newest export stays on disk."""
+    from spade_async.generation.server import make_engine_app, serve_in_thread
+    from spade_async.trainer.lora import push_adapter
+    from spade_async.trainer.step import Trainer
+
+    trainer = Trainer(_cfg(tiny_model), tiny_model)
+    app = make_engine_app(str(tiny_model), context_length=64, enable_lora=True, max_lora_rank=4)
+    shm = tmp_path / "shm"
+    with serve_in_thread(app) as url:
+        trainer.train_step(_batch(0))
+        assert push_adapter(trainer, [url], shm_dir=str(shm), keep=-1) == {url: "spade-v1"}
+        got = push_adapter(trainer, [url], shm_dir=str(shm), keep=-1, taken=["spade-v1"])
+        assert got == {url: "spade-v1.1"}
+        trainer.train_step(_batch(1))
+        push_adapter(trainer, [url], shm_dir=str(shm), keep=-1, taken=["spade-v1", "spade-v1.1"])
+        assert sorted(app.lora.loaded()) == ["spade-v1", "spade-v1.1", "spade-v2"]
+        assert app.sgl.refused() == []
+    assert sorted(p.name for p in shm.rglob("lora-v*") if p.is_dir()) == ["lora-v2"]
