@@ -25,6 +25,8 @@ import msgspec
 from spade_async.envs import protocol as P
 from spade_async.envs import replies, sandbox, tasks
 
+_READ_CHUNK = 1 << 16  # bytes per read of a reply pipe (a pipe holds 64 KiB)
+
 
 class EnvError(Exception):
     """A classified failure of environment code; callers turn it into data.
@@ -64,6 +66,9 @@ class WorkerProcess:
         self.workdir: str | None = None
         self.lock = anyio.Lock()
         self.buf = bytearray()
+        # one reusable read buffer: os.read(fd, 1 MiB) allocates (and shrinks) a 1 MiB bytes
+        # object per call, which moves glibc's mmap threshold and grows the parent's heap
+        self._chunk = bytearray(_READ_CHUNK)
         self.dead: str | None = None  # why, once dead
         self.env_id: str | None = None
         # the id the worker is told (protocol.Open): random, the same shape for every caller
@@ -134,10 +139,10 @@ class WorkerProcess:
     def _refuse_unsolicited(self) -> None:
         """Bytes waiting before we asked anything are a frame the worker was not asked for."""
         try:
-            chunk = os.read(self.rfd, 1 << 16)
+            waiting = os.readv(self.rfd, [self._chunk])
         except BlockingIOError:
-            chunk = b""
-        if self.buf or chunk:
+            waiting = 0
+        if self.buf or waiting:
             raise EnvError("protocol", "the worker sent a reply frame nobody asked for")
 
     async def _read_reply(self, seq: int) -> object:
@@ -158,13 +163,13 @@ class WorkerProcess:
                         raise EnvError("protocol", "the worker sent more than one reply frame")
                     return msg
             try:
-                chunk = os.read(self.rfd, 1 << 20)
+                got_n = os.readv(self.rfd, [self._chunk])
             except BlockingIOError:
                 await anyio.wait_readable(self.rfd)
                 continue
-            if not chunk:
+            if not got_n:
                 raise EOFError("worker closed its reply pipe")
-            buf += chunk
+            buf += memoryview(self._chunk)[:got_n]
 
     async def request(self, msg: object, timeout: float) -> object:
         """One round trip. Worker-side failures -> EnvError; the worker survives those."""
