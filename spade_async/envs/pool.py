@@ -36,7 +36,7 @@ from spade_async.config import Doc
 from spade_async.envs import protocol as P
 from spade_async.envs import sandbox, tasks
 from spade_async.envs.packages import package_binds
-from spade_async.envs.process import EnvError, WorkerProcess
+from spade_async.envs.process import EnvError, WorkerProcess, fix_mmap_threshold
 from spade_async.envs.static import StructureError, find_env_class
 
 __all__ = ["EnvPool", "PoolConfig", "EnvError", "Instance"]
@@ -140,6 +140,7 @@ class EnvPool:
 
     # --- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> EnvPool:
+        fix_mmap_threshold()  # megabyte reply frames must not ratchet the heap (process.py)
         self.isolation = await anyio.to_thread.run_sync(
             sandbox.isolation_level, self.config.isolation
         )

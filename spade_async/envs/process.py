@@ -11,12 +11,14 @@ frame, a value outside the contract): the parent decides, never the worker.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import anyio
@@ -26,6 +28,30 @@ from spade_async.envs import protocol as P
 from spade_async.envs import replies, sandbox, tasks
 
 _READ_CHUNK = 1 << 16  # bytes per read of a reply pipe (a pipe holds 64 KiB)
+_MMAP_THRESHOLD = 256 << 10
+_mmap_fixed: bool | None = None
+
+
+def fix_mmap_threshold() -> bool:
+    """Pin glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``) for this process, once.
+
+    A reply frame may be megabytes (up to ``4 x max_obs_chars``). glibc serves such a buffer
+    with mmap, and when it is freed raises its threshold to the buffer's size (the dynamic
+    threshold), so later buffers below that size come from the heap, whose top rarely
+    shrinks: over hours of hostile environments the controller's RSS climbs in steps. A
+    fixed threshold keeps big buffers mmapped and returned at free (what setting
+    ``MALLOC_MMAP_THRESHOLD_`` does; that variable, when set, is left alone). Linux/glibc
+    only; elsewhere a no-op (False)."""
+    global _mmap_fixed
+    if _mmap_fixed is None:
+        _mmap_fixed = False
+        if sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            try:
+                mallopt = ctypes.CDLL(None).mallopt  # glibc; musl has none
+                _mmap_fixed = bool(mallopt(-3, _MMAP_THRESHOLD))  # M_MMAP_THRESHOLD = -3
+            except (OSError, AttributeError):
+                pass
+    return _mmap_fixed
 
 
 class EnvError(Exception):

@@ -369,3 +369,14 @@ async def test_per_environment_state_does_not_outlive_its_workers():
 
 def _env_state(pool) -> set[str]:
     return set(pool._env_locks) | set(pool._classes) | set(pool._step_ms)
+
+
+def test_mmap_threshold_is_pinned_once():
+    """glibc's dynamic mmap threshold is pinned (mallopt) so megabyte reply frames do not
+    ratchet the controller's heap; idempotent, and a no-op where there is no glibc."""
+    from spade_async.envs import process
+
+    first = process.fix_mmap_threshold()
+    assert process.fix_mmap_threshold() is first
+    if sys.platform.startswith("linux") and os.path.exists("/lib/x86_64-linux-gnu/libc.so.6"):
+        assert first or "MALLOC_MMAP_THRESHOLD_" in os.environ
