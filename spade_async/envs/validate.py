@@ -23,7 +23,8 @@ only for well-known seeds fails; the garbage is drawn at random per check
 (``garbage_plays``: random text, legal-looking commands made from the observation's own
 ``\\boxed{...}`` examples with values no game accepts, tool calls with the environment's
 own tool names and random arguments, wrong non-empty answers) and played for several turns
-(one play per seed for ``long_turns``, past any recipe's episode length),
+(one play per check, on a random seed, for ``long_turns``, past any recipe's episode
+length),
 with the contract's fixed probes (``ValidateConfig.garbage_actions``) each leading a play of
 random turns, in a random order. The worker is told the same things by validation and by
 training (the pool's ``Open`` carries the worker's own random id and the static class
@@ -93,8 +94,8 @@ class ValidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ) = 2
     long_turns: Doc(
         int,
-        "turns of one more garbage play per seed, longer than any recipe's agent.max_turns "
-        "(25): nonsense that wins only after many turns must not pass either",
+        "turns of one more garbage play per check (on a seed drawn at random), longer than "
+        "any recipe's agent.max_turns (25): nonsense that wins only late must not pass",
     ) = 30
     random_seeds: Doc(
         int,
@@ -232,7 +233,7 @@ def tool_garbage(rng: random.Random, tools: list[dict]) -> str:
 
 
 def garbage_plays(
-    rng: random.Random, obs: str, tools: list[dict], cfg: ValidateConfig
+    rng: random.Random, obs: str, tools: list[dict], cfg: ValidateConfig, long: bool = True
 ) -> list[list[str]]:
     """The garbage played on one seed: ``cfg.random_plays`` plays of ``cfg.garbage_turns``
     turns drawn from random text, legal-looking commands and (for a tool-use environment,
@@ -249,7 +250,7 @@ def garbage_plays(
     plays += [
         [turn() for _ in range(max(1, cfg.garbage_turns))] for _ in range(max(1, cfg.random_plays))
     ]
-    if cfg.long_turns > cfg.garbage_turns:
+    if long and cfg.long_turns > cfg.garbage_turns:
         plays.append([turn() for _ in range(cfg.long_turns)])
     rng.shuffle(plays)
     return plays
@@ -347,7 +348,11 @@ class _Gates:
             first[seed] = obs
         self.stage = "step"
         tools = await self.tools(a)
-        plays = {s: garbage_plays(self.rng, first[s], tools, self.cfg) for s in self.seeds}
+        long_seed = self.rng.choice(self.seeds)  # one long play per check, on a random seed
+        plays = {
+            s: garbage_plays(self.rng, first[s], tools, self.cfg, long=s == long_seed)
+            for s in self.seeds
+        }
         traces = {s: [await self.episode(a, s, p) for p in plays[s]] for s in self.seeds}
         self.stage = "determinism"
         a2 = await self.deterministic(a, b, plays, traces)
@@ -377,8 +382,11 @@ class _Gates:
         )
         k = max(1, self.cfg.replayed_plays)
         for seed in self.seeds:
-            pairs = zip(plays[seed], traces[seed], strict=True)
-            for play, ta in sorted(pairs, key=lambda pt: -len(pt[0]))[:k]:  # the longest
+            pairs = list(zip(plays[seed], traces[seed], strict=True))
+            # the longest of the several-turn plays (the long_turns play is played once, in A:
+            # replaying it twice more per seed would cost more than what it adds here)
+            short = [pt for pt in pairs if len(pt[0]) <= self.cfg.garbage_turns] or pairs
+            for play, ta in sorted(short, key=lambda pt: -len(pt[0]))[:k]:
                 self.same(
                     seed, ta, await self.episode(a2, seed, play), "", "instances in one worker"
                 )
