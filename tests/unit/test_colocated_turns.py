@@ -49,6 +49,7 @@ def test_train_and_push_releases_and_resumes_around_the_step(tiny_model):
                     engine_urls=[url], push_kw={"engines": [url], "mode": "disk"},
                     release_memory=True,
                     meters=Meters(), state=SimpleNamespace(version=0),
+                    adapters=None,  # full-weight pushes (trainer.lora unset)
                 )
                 rt.push = MethodType(Runtime.push, rt)  # the real push over the fake trainer
                 await train_and_push(rt, [sample], pause=False)

@@ -114,6 +114,7 @@ def test_runtime_numbers_groups_by_restarts():
         cfg=types.SimpleNamespace(pipeline=types.SimpleNamespace(pause_mode="in_place"),
                                   schedule="async"),
         state=types.SimpleNamespace(version=0),
+        adapters=None,  # full-weight pushes (trainer.lora unset)
     )
     rt.push = lambda *, pause: Runtime.push(rt, pause=pause)
 
