@@ -268,10 +268,9 @@ class EnvPool:
         return max(1, self.config.max_workers // max(1, active))
 
     async def _another_worker(self, env_id: str) -> WorkerProcess | None:
-        """One more worker for ``env_id`` (spreading a slow environment): a pre-warmed one,
-        a free slot, or the slot of another environment's worker that has no open instance
-        (a loaded cache is worth less than a group stepping in parallel); never by waiting,
-        never taking a worker that holds instances. None when there is none of these."""
+        """One more worker for ``env_id`` (spreading a slow environment): a pre-warmed one
+        or a free slot, never by evicting (another environment's loaded worker may be costly
+        to boot again: package imports) or waiting; None when there is neither."""
         self._idle[:] = [x for x in self._idle if not x.dead]
         if self._idle:
             w = self._idle.pop()
@@ -279,13 +278,7 @@ class EnvPool:
         elif self._live() < self.config.max_workers:
             w = await self._new_worker()
         else:
-            spare = self._spare()
-            if spare is None or spare.env_id == env_id:
-                return None
-            await self._evict(spare)
-            if self._live() >= self.config.max_workers:
-                return None
-            w = await self._new_worker()
+            return None
         w.env_id = env_id
         self._by_env.setdefault(env_id, []).append(w)
         return w
