@@ -84,7 +84,6 @@ class Shared:
         self.window = cycle.Window()
         self.window_start = -1  # version at which the current window's environments were made
         self.envs_per_step = 1
-        self.regen_wanted = anyio.Event()
         self.admission = Admission(max_staleness)
 
 
