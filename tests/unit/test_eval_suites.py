@@ -172,3 +172,21 @@ def test_equal_code_samples_each_get_a_worker_of_their_own():
 
     res = anyio.run(main)
     assert res.suites["humaneval"].metrics["avg@4"] == 1.0
+
+
+def test_more_code_samples_than_pool_workers_queue_instead_of_scoring_zero():
+    """12 HumanEval samples, each on a fresh worker of a 2-worker pool that gives up on a
+    slot after 0.3 s: the samples still queued wait their turn (``fresh_instance`` holds a
+    slot per worker) instead of scoring 0 as 'busy'."""
+    from spade_async.envs.pool import PoolConfig
+
+    config = PoolConfig(max_workers=2, prewarm=0, call_timeout_s=10.0, open_timeout_s=30.0,
+                        capacity_wait_s=0.3)  # fmt: skip
+
+    async def main():
+        async with EnvPool(config) as pool:
+            return await evaluate(["humaneval"], Scripted(gold_reply), out=None, model="g",
+                                  limit=2, n=6, pool=pool, concurrency=32)  # fmt: skip
+
+    res = anyio.run(main).suites["humaneval"]
+    assert res.samples == 12 and res.metrics["avg@6"] == 1.0, res.metrics

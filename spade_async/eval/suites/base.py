@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -16,6 +17,18 @@ from spade_async.eval.types import Item, Sample, Sampling
 __all__ = ["Suite", "Context", "Generator", "fresh_instance", "render_prompt_text"]
 
 _EPISODE_IDS = itertools.count()
+# one slot per worker of each pool: episodes queue here, unbounded, and never in the pool's
+# own wait for a worker, whose ``capacity_wait_s`` would score a merely queued episode 0
+_SLOTS: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
+
+
+def episode_slots(pool: Any) -> anyio.CapacityLimiter:
+    """The limiter ``fresh_instance`` holds for ``pool``: its ``max_workers`` slots."""
+    slots = _SLOTS.get(pool)
+    if slots is None:
+        cfg = getattr(pool, "config", None)
+        slots = _SLOTS[pool] = anyio.CapacityLimiter(cfg.max_workers if cfg is not None else 4)
+    return slots
 
 
 @contextlib.asynccontextmanager
@@ -25,17 +38,21 @@ async def fresh_instance(
     """An instance of ``source``, reset at seed 0, on a worker of its own that is killed
     afterwards. Nothing one episode's input does (model-written code, an answer a scorer
     evaluates) outlives it or reaches another episode's verdict, and ids are unique, so
-    two equal completions never share (and then kill) one worker."""
+    two equal completions never share (and then kill) one worker.
+
+    At most ``max_workers`` episodes of one pool are inside at once (``episode_slots``): a
+    suite may start hundreds together, and the ones still queued must not time out."""
     env_id = f"eval-{prefix}-{next(_EPISODE_IDS)}"
-    try:
-        inst = await pool.open(source, env_id=env_id, kwargs=kwargs, env_class=env_class)
+    async with episode_slots(pool):
         try:
-            await pool.reset(inst, seed=0)
-            yield inst
+            inst = await pool.open(source, env_id=env_id, kwargs=kwargs, env_class=env_class)
+            try:
+                await pool.reset(inst, seed=0)
+                yield inst
+            finally:
+                await pool.close(inst)
         finally:
-            await pool.close(inst)
-    finally:
-        await pool.release(env_id)
+            await pool.release(env_id)
 
 
 class Generator(Protocol):
