@@ -20,6 +20,7 @@ import msgspec
 
 from spade_async import watchdog
 from spade_async.config import Doc
+from spade_async.errors import ConfigError
 from spade_async.generation.sglang import SGLangConfig, SGLangServer, check_flags
 
 
@@ -46,6 +47,16 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     host: Doc(str, "bind address of the engines") = "127.0.0.1"
     start_timeout_s: Doc(float, "limit for an engine to become healthy") = 600.0
     max_restarts: Doc(int, "restarts of a crashed engine before the run stops") = 3
+    max_running_requests: Doc(
+        int, "sequences an engine decodes at once (--max-running-requests); 0 = its default"
+    ) = 0
+    priority_scheduling: Doc(
+        bool,
+        "older groups first: engines run SGLang's priority scheduling (lower values first) and "
+        "each agent request carries the trainer step its group is for (the async schedule), "
+        "so a group's later turns go before a newer group's first; matters once requests "
+        "queue (max_running_requests, KV memory)",
+    ) = False
     # ---- beyond one node (spade_async/launch/) ----
     router: Doc(
         bool,
@@ -64,8 +75,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 def check_engine(cfg: EngineConfig) -> None:
     """At start and in ``--dry-run``: SGLang flags the pinned release lacks fail, one line."""
+    if cfg.max_running_requests < 0:
+        raise ConfigError(
+            f"engine.max_running_requests={cfg.max_running_requests}: give a positive number "
+            "of sequences, or 0 for the engine's default"
+        )
     if cfg.kind == "sglang":
-        check_flags(cfg.extra_args)
+        check_flags(cfg.extra_args + scheduling_flags(cfg))
 
 
 class CPUEngineServer(SGLangServer):
@@ -80,7 +96,7 @@ class CPUEngineServer(SGLangServer):
         threads: int,
         dtype: str,
         cpus: list[int] = (),
-        lora_args: list[str] = (),
+        flags: list[str] = (),
     ) -> None:
         super().__init__(msgspec.structs.replace(cfg, gpu_ids=[0], extra_args=[]))  # checks only
         self.cfg = cfg
@@ -101,10 +117,16 @@ class CPUEngineServer(SGLangServer):
                 cfg.weight_version,
             ]
             + (["--threads", str(threads)] if threads else [])
-            + list(lora_args)
+            + list(flags)
         )
         self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
         self.argv = watchdog.prefix(cpus=cpus) + self.argv
+
+
+# older steps first; one step apart is enough to take a newer group's row (SGLang's default
+# threshold, 10, would never preempt: groups in flight are at most 1 + max_staleness apart)
+PRIORITY_FLAGS = ("--enable-priority-scheduling", "--schedule-low-priority-values-first",
+                  "--priority-scheduling-preemption-threshold", "0")  # fmt: skip
 
 
 def free_port() -> int:
@@ -123,6 +145,20 @@ def lora_flags(lora, extra_args: list[str] = ()) -> list[str]:
     if lora is None or "--enable-lora" in extra_args:
         return []
     return launch_args(lora.rank, list(lora.target_modules))
+
+
+def scheduling_flags(cfg: EngineConfig) -> list[str]:
+    """SGLang's scheduler flags for ``max_running_requests`` and ``priority_scheduling``
+    (the CPU engine takes the same names), unless ``extra_args`` sets them itself."""
+    out: list[str] = []
+    if cfg.max_running_requests and "--max-running-requests" not in cfg.extra_args:
+        out += ["--max-running-requests", str(cfg.max_running_requests)]
+    if cfg.priority_scheduling:
+        flags = PRIORITY_FLAGS
+        if "--priority-scheduling-preemption-threshold" in cfg.extra_args:
+            flags = flags[:2]
+        out += [f for f in flags if f not in cfg.extra_args]
+    return out
 
 
 def servers(
@@ -147,7 +183,11 @@ def servers(
             mem_fraction_static=cfg.mem_fraction_static,
             weight_version=str(weight_version),
             extra_args=list(cfg.extra_args)
-            + (lora_flags(lora, cfg.extra_args) if cfg.kind == "sglang" else []),
+            + (
+                lora_flags(lora, cfg.extra_args) + scheduling_flags(cfg)
+                if cfg.kind == "sglang"
+                else []
+            ),
             deterministic=cfg.deterministic,
             start_timeout_s=cfg.start_timeout_s,
             max_restarts=cfg.max_restarts,
@@ -160,7 +200,7 @@ def servers(
                     threads=cfg.threads,
                     dtype=cfg.dtype,
                     cpus=cfg.cpus,
-                    lora_args=lora_flags(lora),
+                    flags=lora_flags(lora) + scheduling_flags(cfg),
                 )
             )
         else:

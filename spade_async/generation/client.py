@@ -17,8 +17,10 @@ engine that already holds its prefix (SGLang's radix cache then reuses it).
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -44,6 +46,7 @@ from spade_async.generation.routes import Endpoint
 from spade_async.generation.sglang_source import PINNED
 
 __all__ = [
+    "request_priority",
     "ClientConfig",
     "GenerateResult",
     "EngineError",
@@ -109,6 +112,23 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _RETRY_STATUS = frozenset({500, 502, 503, 504})
+# the ``priority`` of the generate requests a task sends (None: none), set per task tree
+# with ``request_priority``: the async schedule marks each group's requests with the step
+# the group is for, without threading it through every role's call
+_PRIORITY: ContextVar[int | None] = ContextVar("spade_request_priority", default=None)
+
+
+@contextlib.contextmanager
+def request_priority(priority: int | None) -> Iterator[None]:
+    """Generate requests sent inside (and by tasks started inside) carry ``priority``,
+    which engines under priority scheduling serve in order (``engine.priority_scheduling``)."""
+    token = _PRIORITY.set(priority)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
+
+
 _GEN_DECODER = msgspec.json.Decoder(GenerateOutput | list[GenerateOutput])
 
 
@@ -241,6 +261,7 @@ class GenerationClient:
                 sampling_params=sampling,
                 return_logprob=return_logprob,
                 lora_path=adapter,
+                priority=_PRIORITY.get(),
             )
             self._adapter_inflight[adapter] = self._adapter_inflight.get(adapter, 0) + 1
             try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import itertools
 import threading
 import time
 from collections import deque
@@ -59,6 +60,15 @@ class Sequence:
     finish: FinishReason | None = None
     text_end: int | None = None  # stop-string trim position in the decoded text
     weight_version: str = ""  # the weights of the last token
+    priority: int = 0  # the waiting queue's order under priority scheduling (Engine)
+    arrival: int = 0  # submission order (ties of priority; the newest is preempted first)
+    preemptions: int = 0  # times it was taken out of the batch for a higher priority
+
+    def context(self) -> list[int]:
+        """What a prefill runs on: the prompt, and the tokens generated before a preemption
+        (the request resumes where it was, as SGLang's retracted requests do)."""
+        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+
     # (version, tokens generated before it was replaced) per weight swap while running
     version_events: list[tuple[str, int]] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -83,7 +93,18 @@ class Engine:
         max_running: int = 64,
         max_prefill_tokens: int = 8192,
         weight_version: str = "0",
+        priority_scheduling: bool = False,
+        low_priority_first: bool = False,
+        preemption_threshold: int | None = 10,
     ) -> None:
+        """``priority_scheduling``: the waiting queue is taken in priority order, then
+        first come first served, as SGLang's ``--enable-priority-scheduling`` sorts it (higher
+        values first; lower with ``low_priority_first``, its
+        ``--schedule-low-priority-values-first``). With the batch full, a waiting request
+        more than ``preemption_threshold`` better than the worst running one takes its
+        place (SGLang's ``--priority-scheduling-preemption-threshold``, default 10; None:
+        never, ``--disable-priority-preemption``): the worst (the newest among equals) goes
+        back to the queue with its tokens so far, and resumes from them."""
         self.model = model
         ragged.enable(model)
         packed.pack(model)
@@ -91,6 +112,10 @@ class Engine:
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
+        self.priority_scheduling = priority_scheduling
+        self.priority_sign = 1 if low_priority_first else -1
+        self.preemption_threshold = preemption_threshold if priority_scheduling else None
+        self._arrivals = itertools.count()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(model, tokenizer)
         self._pending: deque[Sequence] = deque()
@@ -107,7 +132,7 @@ class Engine:
         self.cache: Any = None
         self.mask_BT: torch.Tensor | None = None
         self.stats = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "max_batch": 0,
-                      "tokens": 0}  # fmt: skip
+                      "tokens": 0, "preemptions": 0}  # fmt: skip
 
     # ---- public, thread-safe -------------------------------------------------------------
     def start(self) -> None:
@@ -128,7 +153,11 @@ class Engine:
                     f"engine memory is released ({', '.join(sorted(self.released))}); "
                     "POST /resume_memory_occupation first"
                 )
+            for seq in seqs:
+                seq.arrival = next(self._arrivals)
             self._pending.extend(seqs)
+            if self.priority_scheduling:
+                self._pending = deque(waiting_order(self._pending, self.priority_sign))
             self._cond.notify_all()
 
     def load(self) -> int:
@@ -242,16 +271,39 @@ class Engine:
 
     def _take_pending(self) -> list[Sequence]:
         taken, tokens = [], 0
-        while self._pending and len(self.active) + len(taken) < self.max_running:
-            nxt = len(self._pending[0].prompt_ids)
+        while self._pending:
+            nxt = len(self._pending[0].context())
             if taken and tokens + nxt > self.max_prefill_tokens:
+                break
+            if len(self.active) + len(taken) >= self.max_running and not self._preempt_for(
+                self._pending[0]
+            ):
                 break
             taken.append(self._pending.popleft())
             tokens += nxt
         return taken
 
+    def _preempt_for(self, seq: Sequence) -> bool:
+        """Free a row of the full batch for ``seq`` if its priority beats the worst running
+        row's by more than the threshold (SGLang's ``preempt_to_schedule``, one row per
+        admitted request); the preempted row waits again, after ``seq``."""
+        if self.preemption_threshold is None:
+            return False
+        sign = self.priority_sign
+        worst = preemption_victim(self.active, seq, sign, self.preemption_threshold)
+        if worst is None:
+            return False
+        out = self.active[worst]
+        self._select([i for i in range(len(self.active)) if i != worst])
+        out.preemptions += 1
+        self.stats["preemptions"] += 1
+        self._pending = deque(waiting_order([*self._pending, out], sign))
+        return True
+
     def _do_swap(self, swap: _Swap) -> None:
-        for seq in self.active:  # rows kept across the swap: their tokens so far are older
+        with self._cond:  # rows kept across the swap, and preempted ones waiting: older tokens
+            kept = [*self.active, *(q for q in self._pending if q.output_ids)]
+        for seq in kept:
             if seq.output_ids:
                 seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
@@ -281,7 +333,7 @@ class Engine:
         """Prefill prompts of similar length together; identical prompts (``n`` samples of
         one problem, a GRPO group) are run once and their KV rows repeated."""
         unique: dict[tuple[int, ...], int] = {}
-        row_of = [unique.setdefault(tuple(s.prompt_ids), len(unique)) for s in seqs]
+        row_of = [unique.setdefault(tuple(s.context()), len(unique)) for s in seqs]
         prompts = list(unique)
         U, L = len(prompts), max(len(p) for p in prompts)
         ids_UL = torch.full((U, L), self.pad_id, dtype=torch.long)
@@ -413,13 +465,32 @@ class Engine:
 PAD_WASTE = 0.25  # a prefill group pads at most this share of its real prompt tokens
 
 
+def waiting_order(waiting, priority_sign: int) -> list:
+    """The waiting queue (in arrival order) as SGLang's priority scheduling takes it:
+    ``priority * priority_sign`` ascending, then first come first served (a stable sort;
+    ``priority_sign`` is 1 with ``--schedule-low-priority-values-first``, else -1)."""
+    return sorted(waiting, key=lambda q: q.priority * priority_sign)
+
+
+def preemption_victim(running, seq, priority_sign: int, threshold: int) -> int | None:
+    """The running row ``seq`` may take (SGLang's ``preempt_to_schedule``: the worst
+    priority, the newest among equals, if ``seq`` beats it by more than ``threshold``)."""
+    if not running:
+        return None
+    worst = max(range(len(running)), key=lambda i: (running[i].priority * priority_sign,
+                                                    running[i].arrival))  # fmt: skip
+    if (seq.priority - running[worst].priority) * -priority_sign > threshold:
+        return worst
+    return None
+
+
 def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
     """Split a prefill by prompt length so left-padding stays under ``PAD_WASTE``: one batch
     of an 86- and a 579-token prompt computes 1158 positions for 665 real ones."""
     groups: list[list[Sequence]] = []
     tokens = 0
-    for seq in sorted(seqs, key=lambda s: len(s.prompt_ids)):
-        n = len(seq.prompt_ids)
+    for seq in sorted(seqs, key=lambda s: len(s.context())):
+        n = len(seq.context())
         if groups and (len(groups[-1]) + 1) * n <= (1 + PAD_WASTE) * (tokens + n):
             groups[-1].append(seq)
             tokens += n

@@ -85,6 +85,9 @@ class GenerateReqInput(
     return_text_in_logprobs: bool = False
     stream: bool = False
     lora_path: str | list[str | None] | None = None  # the loaded adapter's name (or per prompt)
+    # the waiting queue's order when the server runs --enable-priority-scheduling (one value
+    # for every prompt of the request, as SGLang's batch split copies it)
+    priority: int | None = None
     # Fields sglang-router (0.3.x) adds when it forwards a request (SGLang's own names);
     # accepted so the CPU engine can sit behind the router. The server rejects the ones it
     # cannot honour. (The router's OpenAI-style ``model`` is in the server's own struct.)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import uuid
 from typing import Any
@@ -83,6 +84,46 @@ class BadRequest(Exception):
     pass
 
 
+class PriorityRefused(Exception):
+    """A ``priority`` sent to a server without priority scheduling that aborts such requests."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorityPolicy:
+    """SGLang's request priority rules (``--enable-priority-scheduling`` and its flags):
+    the tokenizer manager fills in ``default`` for a request without one and refuses values
+    outside signed 64 bits; the scheduler gives a request still without one the lowest
+    priority, and, with scheduling off, ignores a priority or (``abort_when_disabled``)
+    aborts the request with 503."""
+
+    enabled: bool = False
+    low_first: bool = False
+    default: int | None = None
+    abort_when_disabled: bool = False
+    # the engine's: a waiting request this much better than the worst running one takes its
+    # row (SGLang's default 10); None: never (--disable-priority-preemption)
+    preemption_threshold: int | None = 10
+
+    def resolve(self, priority: int | None) -> int:
+        if self.enabled and priority is None and self.default is not None:
+            priority = self.default
+        if priority is not None and not -(1 << 63) <= priority < (1 << 63):
+            raise BadRequest(
+                "priority must be a signed 64-bit integer between -9223372036854775808 and "
+                "9223372036854775807"
+            )
+        if not self.enabled:
+            if priority is not None and self.abort_when_disabled:
+                raise PriorityRefused(
+                    "Using priority is disabled for this server. Please send a new request "
+                    "without a priority."
+                )
+            return 0
+        if priority is None:  # the scheduler's default: served last
+            return sys.maxsize if self.low_first else -sys.maxsize - 1
+        return priority
+
+
 class EngineApp(ControlRoutes):
     """HTTP handlers around one ``Engine``: ``/generate`` here, the control routes (pause,
     weight updates, memory) in ``control.py``."""
@@ -105,6 +146,9 @@ class EngineApp(ControlRoutes):
         from spade_async.generation.lora import LoraServing
 
         self.lora = LoraServing(self, enabled=False)  # --enable-lora (generation/lora.py)
+        self.priority = PriorityPolicy(  # the engine's --enable-priority-scheduling flags
+            enabled=engine.priority_scheduling, low_first=engine.priority_sign == 1
+        )
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
@@ -113,13 +157,16 @@ class EngineApp(ControlRoutes):
         try:
             req = self._decode_gen.decode(await request.body())
             prompts, params, rids, single = self._normalise(req)
+            priority = self.priority.resolve(req.priority)
             engines = self._engines(req.lora_path, len(prompts))
             seqs = [
-                self._sequences(p, sp, rid)
+                self._sequences(p, sp, rid, priority)
                 for p, sp, rid in zip(prompts, params, rids, strict=True)
             ]
         except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
             return _error(str(exc))
+        except PriorityRefused as exc:
+            return _error(str(exc), status=503)
         flat = [s for group in seqs for s in group]
         try:  # no await between picking an adapter's engine and submitting to it (unload waits)
             for engine, group in zip(engines, seqs, strict=True):
@@ -188,7 +235,9 @@ class EngineApp(ControlRoutes):
             raise BadRequest(f"{len(rids)} rids for {len(prompts)} prompts")
         return prompts, params, rids, single
 
-    def _sequences(self, prompt: list[int], sp: SamplingParams, rid: str | None) -> list[Sequence]:
+    def _sequences(
+        self, prompt: list[int], sp: SamplingParams, rid: str | None, priority: int = 0
+    ) -> list[Sequence]:
         n_prompt = len(prompt)
         if n_prompt == 0:
             raise BadRequest("empty prompt: input_ids has no tokens")
@@ -223,6 +272,7 @@ class EngineApp(ControlRoutes):
                     max_new=max_new,
                     stop_ids=frozenset(stop_ids),
                     generator=gen,
+                    priority=priority,
                 )
             )
         return seqs
@@ -326,17 +376,23 @@ def make_engine_app(
     weight_version: str = "0",
     enable_lora: bool = False,
     max_lora_rank: int = 0,
+    priority: PriorityPolicy | None = None,
 ) -> EngineApp:
     """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model.
-    ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``."""
+    ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``;
+    ``priority``: SGLang's priority scheduling (``PriorityPolicy``)."""
     from spade_async.models import load_causal_lm, resolve_model
 
     path = str(resolve_model(model))
     lm, tokenizer = load_causal_lm(path, dtype=dtype)
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
-    engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version)
+    priority = priority or PriorityPolicy()
+    engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version,
+                    priority_scheduling=priority.enabled, low_priority_first=priority.low_first,
+                    preemption_threshold=priority.preemption_threshold)  # fmt: skip
     app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
     app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
+    app.priority = priority
     return app
 
 
@@ -374,8 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
-        "--max-running", type=int, default=64, help="max sequences decoded together"
-    )
+        "--max-running-requests", "--max-running", dest="max_running", type=int, default=64,
+        help="max sequences decoded together (SGLang's --max-running-requests)",
+    )  # fmt: skip
+    # priority scheduling, as SGLang's flags (server.PriorityPolicy); no preemption here
+    parser.add_argument("--enable-priority-scheduling", action="store_true")
+    parser.add_argument("--schedule-low-priority-values-first", action="store_true")
+    parser.add_argument("--default-priority-value", type=int, default=None)
+    parser.add_argument("--abort-on-priority-when-disabled", action="store_true")
+    parser.add_argument("--disable-priority-preemption", action="store_true")
+    parser.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10)
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--weight-version", default="0")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -397,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
             weight_version=args.weight_version,
             enable_lora=args.enable_lora,
             max_lora_rank=args.max_lora_rank,
+            priority=PriorityPolicy(
+                enabled=args.enable_priority_scheduling,
+                low_first=args.schedule_low_priority_values_first,
+                default=args.default_priority_value,
+                abort_when_disabled=args.abort_on_priority_when_disabled,
+                preemption_threshold=None
+                if args.disable_priority_preemption
+                else args.priority_scheduling_preemption_threshold,
+            ),
         )
     except SpadeError as exc:
         print(f"spade-engine: error: {exc}", file=sys.stderr)
