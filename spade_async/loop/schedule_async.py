@@ -31,6 +31,7 @@ import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from spade_async.errors import SpadeError
+from spade_async.generation.client import request_priority
 from spade_async.loop import cycle
 from spade_async.roles.agent import EnvRef, Episode
 
@@ -63,11 +64,17 @@ class Admission:
         ahead = self.steps + 1 + self.max_staleness
         return self.started - self.dropped < ahead * max(1, per_step)
 
-    async def admit(self, per_step_of) -> None:
-        """Wait until one more group may start, and count it."""
+    async def admit(self, per_step_of) -> int:
+        """Wait until one more group may start, count it, and return the trainer step it
+        is for (in admission order): its requests' priority (``engine.priority_scheduling``)."""
         while not self.allows(per_step_of()):
             await self._changed.wait()
         self.started += 1
+        return (self.started - 1 - self.dropped) // max(1, per_step_of())
+
+    def current_step(self, per_step: int) -> int:
+        """The step the next group admitted will be for (requests outside groups: hints)."""
+        return (self.started - self.dropped) // max(1, per_step)
 
     def notify(self, *, stepped: bool = False, dropped: int = 0) -> None:
         """The trainer took a step, or ``dropped`` groups were dropped as stale."""
@@ -93,13 +100,20 @@ async def producer(
     cfg, pc = rt.cfg, rt.cfg.pipeline
     limiter = anyio.Semaphore(max(1, pc.groups_in_flight))
     fresh = False  # the first round of a window: hinted plays (rewards.regret_plays)
+    ranked = cfg.engine.priority_scheduling  # requests carry the step they work toward
+
+    def priority(step: int):
+        return request_priority(step if ranked else None)
+
     async with send, anyio.create_task_group() as tg:
         while not stop.is_set():
             st = rt.state
             if cfg.designer_enabled and (
                 sh.window_start < 0 or st.version - sh.window_start >= cfg.regen_interval
             ):
-                sh.window = cycle.Window(samples=await cycle.regenerate(rt, st.version))
+                with priority(sh.admission.current_step(sh.envs_per_step)):
+                    samples = await cycle.regenerate(rt, st.version)
+                sh.window = cycle.Window(samples=samples)
                 sh.window_start = st.version
                 st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
                 fresh = True
@@ -113,16 +127,18 @@ async def producer(
                 sh.window_start = -1
                 await send.send(Group(None, []))
                 continue
-            hints = await cycle.window_hints(rt, sh.window, envs, fresh=fresh)
+            with priority(sh.admission.current_step(sh.envs_per_step)):
+                hints = await cycle.window_hints(rt, sh.window, envs, fresh=fresh)
             fresh = False
             for env in envs:
                 await limiter.acquire()
-                await sh.admission.admit(lambda: sh.envs_per_step)
+                step = await sh.admission.admit(lambda: sh.envs_per_step)
                 if stop.is_set():
                     limiter.release()
                     break
                 n = cycle.plays_per_env(cfg, len(envs))
-                tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter, n)
+                with priority(step):  # the group's task (and its plays') inherit it
+                    tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter, n)
 
 
 async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter, n: int) -> None:
