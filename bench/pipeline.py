@@ -5,9 +5,9 @@ The CPU engine is pinned to core 0 and the trainer to core 1 (one torch thread e
 two stages really can overlap on this 2-core machine. The workload is a fixed pool of four
 small environments played by a random-initialised Llama sized so that generation and
 training take comparable time; the same steps, environments, plays and samples run under
-both schedules (``same_workload`` checks it). One runtime serves every phase: a warm-up
-step, then sync and async phases in turn (twice each; once with --quick), so the machine's
-drift hits both schedules alike. Checkpoints are skipped in both. Each async phase starts
+both schedules (``same_workload`` checks it). One runtime serves every phase: one warm-up
+step of each schedule, then sync and async phases in turn (twice each; once with --quick),
+so the machine's drift hits both schedules alike. Checkpoints are skipped in both. Each async phase starts
 with an empty pipeline and its look-ahead is cut off at the end, which counts against it.
 
     python bench/pipeline.py [--quick] [--save] [--workload two_stage|three_stage]
@@ -147,7 +147,7 @@ def workload(tmp: Path, quick: bool, sleep_s: float = 0.0) -> tuple[Path, Path]:
 # stages (generation ~ training per step on one core each), the regime the async schedule is
 # for: the bound on its speed-up is (engine + trainer) / max(engine, trainer), 2x when equal.
 # Phases alternate sync and async in one runtime (same processes, same warm state), so that
-# drift in this shared machine's speed hits both schedules alike; one sync step warms up first.
+# drift in this shared machine's speed hits both schedules alike; one step of each warms up.
 MAX_STALENESS = 1
 FULL = {"phase_steps": 8, "rounds": 2, "plays": 8, "turn_tokens": 48}
 QUICK = {"phase_steps": 2, "rounds": 1, "plays": 4, "turn_tokens": 8}
@@ -250,7 +250,10 @@ def measure(tmp: Path, model: Path, pool: Path, quick: bool) -> tuple[list[dict]
                 return None
 
             rt.checkpoint = no_checkpoint
-            await run_phase(rt, cfg, "sync", 1)  # warm-up: first-call costs in every process
+            # warm-up, one step of each: first-call costs in every process, and the env
+            # workers that async's look-ahead (1 + max_staleness steps of plays) needs
+            await run_phase(rt, cfg, "sync", 1)
+            await run_phase(rt, cfg, "async", 1)
             phases = []
             for _ in range(w["rounds"]):
                 for schedule in ("sync", "async"):
