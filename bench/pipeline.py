@@ -308,6 +308,7 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--phase-steps", type=int, default=0, help="override steps per phase")
     ap.add_argument("--rounds", type=int, default=0, help="override sync+async rounds")
+    ap.add_argument("--turn-tokens", type=int, default=0, help="override tokens per reply")
     ap.add_argument(
         "--resummarise",
         action="store_true",
@@ -315,7 +316,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     three = args.workload == "three_stage"
-    for key in ("phase_steps", "rounds"):
+    for key in ("phase_steps", "rounds", "turn_tokens"):
         if getattr(args, key):
             (QUICK if args.quick else FULL)[key] = getattr(args, key)
     sleep_s = STEP_SLEEP_S["quick" if args.quick else "full"] if three else 0.0
