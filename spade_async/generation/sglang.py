@@ -203,19 +203,21 @@ class SGLangServer:
         )
 
     async def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL after ``stop_timeout_s``."""
+        """SIGTERM the process group, SIGKILL after ``stop_timeout_s``. Shielded: a stop
+        inside a cancelled scope (a start cut short by a failing sibling) still reaps the
+        process and closes its transport, instead of leaving both for the GC."""
         self._stopping = True
         proc, self.process = self.process, None
-        if proc is not None and proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            with anyio.move_on_after(self.cfg.stop_timeout_s):
-                await proc.wait()
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-                with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if proc is not None and proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                with anyio.move_on_after(self.cfg.stop_timeout_s):
                     await proc.wait()
-        if proc is not None:
-            await proc.aclose()
+                if proc.returncode is None:
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    await proc.wait()
+            if proc is not None:
+                await proc.aclose()
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -141,6 +141,32 @@ def test_start_failures_are_clear(fake, monkeypatch):
         anyio.run(SGLangServer(cfg_of(start_timeout_s=1.0)).start)
 
 
+def test_a_start_cut_short_reaps_its_process(fake, monkeypatch):
+    """A start cancelled while it waits for /health (a sibling engine failed) still stops
+    the server: its process is reaped and its transport closed, not left to the GC (which
+    warned 'unclosed transport ... running' in a later test)."""
+    cfg_of, records = fake
+    monkeypatch.setenv("FAKE_NEVER_HEALTHY", "1")
+    made = []
+    real = anyio.open_process
+
+    async def spy(*a, **k):
+        made.append(await real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(anyio, "open_process", spy)
+
+    async def main():
+        with anyio.move_on_after(1.0):
+            await SGLangServer(cfg_of()).start()
+
+    anyio.run(main)
+    (proc,) = made
+    assert proc.returncode is not None  # waited for, inside the cancelled scope
+    with pytest.raises(ProcessLookupError):
+        os.kill(records()[0]["pid"], 0)
+
+
 @pytest.mark.gpu
 def test_real_sglang_server_generates(tiny_model):
     pytest.importorskip("sglang")
