@@ -1,0 +1,59 @@
+"""bench/pipeline.py's schedule bound, worked by hand: it must never read below the ideal
+bound (the busiest stage's time), whichever stage is the busiest."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bound():
+    sys.path.insert(0, str(BENCH))  # pipeline.py imports its sibling _hw
+    try:
+        spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH / "pipeline.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH))
+    return mod.schedule_bound
+
+
+def test_trainer_bound_is_one_fill_then_a_step_per_step(bound):
+    # L=1 < R=2: end = 3, 5, 7, 9
+    assert bound(4, 1.0, 2.0, 1) == 9.0
+
+
+def test_latency_bound_at_one_step_of_staleness_runs_at_half_of_l_plus_r(bound):
+    # L=3 > R=1, s=1: end = 4, 5, 8, 9, 12 (period (L + R) / 2 = 2)
+    assert bound(5, 3.0, 1.0, 1) == 12.0
+    # s=2 takes the latency off the steady state: end = 4, 5, 6, 8, 9
+    assert bound(5, 3.0, 1.0, 2) == 9.0
+
+
+def test_an_engine_bound_run_is_never_below_the_ideal_bound(bound):
+    # the engine busiest (4 steps of 3 s = 12 s), R=1, L=3.5, s=2: the recursion alone gives
+    # end = 4.5, 5.5, 6.5, 9.0, below what the engine needs
+    assert bound(4, 3.5, 1.0, 2) == 9.0
+    assert bound(4, 3.5, 1.0, 2, busiest_s=12.0) == 12.0
+
+
+def test_never_below_the_busiest_stage_nor_one_groups_latency(bound):
+    rng = random.Random(0)
+    for _ in range(500):
+        steps, s = rng.randint(1, 12), rng.randint(0, 3)
+        e, r, tail = rng.uniform(0.1, 5), rng.uniform(0.1, 5), rng.uniform(0, 2)
+        latency, busiest = e + 2 * tail, steps * max(e, r)
+        got = bound(steps, latency, r, s, busiest)
+        assert got >= busiest
+        # the trainer's steps after the first group's latency
+        assert got >= latency + steps * r - 1e-9
+        # with staleness >= steps no step waits for a version: exactly that
+        if s + 1 >= steps:
+            assert got == pytest.approx(max(latency + steps * r, busiest), rel=1e-12)
