@@ -123,10 +123,11 @@ class CPUEngineServer(SGLangServer):
         self.argv = watchdog.prefix(cpus=cpus) + self.argv
 
 
-# older steps first; one step apart is enough to take a newer group's row (SGLang's default
-# threshold, 10, would never preempt: groups in flight are at most 1 + max_staleness apart)
-PRIORITY_FLAGS = ("--enable-priority-scheduling", "--schedule-low-priority-values-first",
-                  "--priority-scheduling-preemption-threshold", "0")  # fmt: skip
+# older steps first (lower values first); one step apart is enough to take a newer group's
+# row: SGLang's default threshold, 10, would never preempt, as groups in flight are at most
+# 1 + max_staleness apart
+PRIORITY_FLAGS = ("--enable-priority-scheduling", "--schedule-low-priority-values-first")
+PREEMPTION_THRESHOLD = ("--priority-scheduling-preemption-threshold", "0")
 
 
 def free_port() -> int:
@@ -154,10 +155,9 @@ def scheduling_flags(cfg: EngineConfig) -> list[str]:
     if cfg.max_running_requests and "--max-running-requests" not in cfg.extra_args:
         out += ["--max-running-requests", str(cfg.max_running_requests)]
     if cfg.priority_scheduling:
-        flags = PRIORITY_FLAGS
-        if "--priority-scheduling-preemption-threshold" in cfg.extra_args:
-            flags = flags[:2]
-        out += [f for f in flags if f not in cfg.extra_args]
+        out += [f for f in PRIORITY_FLAGS if f not in cfg.extra_args]
+        if PREEMPTION_THRESHOLD[0] not in cfg.extra_args:
+            out += PREEMPTION_THRESHOLD
     return out
 
 

@@ -21,7 +21,6 @@ V vocab, H kv heads, D head dim.
 from __future__ import annotations
 
 import concurrent.futures
-import inspect
 import itertools
 import threading
 import time
@@ -32,7 +31,9 @@ from typing import Any
 import torch
 
 from spade_async.generation import packed, ragged
+from spade_async.generation.kv_cache import cache_kw, left_pad, slab_cache
 from spade_async.generation.logprob_convention import sampling_logprobs
+from spade_async.generation.priority import PriorityPolicy, preemption_victim, waiting_order
 from spade_async.generation.protocol import FinishReason, SamplingParams
 from spade_async.generation.sampling import sample_tokens
 
@@ -93,18 +94,15 @@ class Engine:
         max_running: int = 64,
         max_prefill_tokens: int = 8192,
         weight_version: str = "0",
-        priority_scheduling: bool = False,
-        low_priority_first: bool = False,
-        preemption_threshold: int | None = 10,
+        priority: PriorityPolicy | None = None,
     ) -> None:
-        """``priority_scheduling``: the waiting queue is taken in priority order, then
-        first come first served, as SGLang's ``--enable-priority-scheduling`` sorts it (higher
-        values first; lower with ``low_priority_first``, its
-        ``--schedule-low-priority-values-first``). With the batch full, a waiting request
-        more than ``preemption_threshold`` better than the worst running one takes its
-        place (SGLang's ``--priority-scheduling-preemption-threshold``, default 10; None:
-        never, ``--disable-priority-preemption``): the worst (the newest among equals) goes
-        back to the queue with its tokens so far, and resumes from them."""
+        """``priority`` (SGLang's ``--enable-priority-scheduling`` and its flags): when
+        enabled, the waiting queue is taken in priority order, then first come first served
+        (``waiting_order``). With the batch full, a waiting request more than
+        ``priority.preemption_threshold`` better than the worst running one takes its place
+        (``preemption_victim``; None: never, ``--disable-priority-preemption``): the worst
+        (the newest among equals) goes back to the queue with its tokens so far, and resumes
+        from them."""
         self.model = model
         ragged.enable(model)
         packed.pack(model)
@@ -112,9 +110,7 @@ class Engine:
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
-        self.priority_scheduling = priority_scheduling
-        self.priority_sign = 1 if low_priority_first else -1
-        self.preemption_threshold = preemption_threshold if priority_scheduling else None
+        self.priority = priority or PriorityPolicy()
         self._arrivals = itertools.count()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -156,8 +152,8 @@ class Engine:
             for seq in seqs:
                 seq.arrival = next(self._arrivals)
             self._pending.extend(seqs)
-            if self.priority_scheduling:
-                self._pending = deque(waiting_order(self._pending, self.priority_sign))
+            if self.priority.enabled:
+                self._pending = deque(waiting_order(self._pending, self.priority.sign))
             self._cond.notify_all()
 
     def load(self) -> int:
@@ -287,10 +283,11 @@ class Engine:
         """Free a row of the full batch for ``seq`` if its priority beats the worst running
         row's by more than the threshold (SGLang's ``preempt_to_schedule``, one row per
         admitted request); the preempted row waits again, after ``seq``."""
-        if self.preemption_threshold is None:
+        policy = self.priority
+        if not policy.enabled or policy.preemption_threshold is None:
             return False
-        sign = self.priority_sign
-        worst = preemption_victim(self.active, seq, sign, self.preemption_threshold)
+        sign = policy.sign
+        worst = preemption_victim(self.active, seq, sign, policy.preemption_threshold)
         if worst is None:
             return False
         out = self.active[worst]
@@ -342,14 +339,14 @@ class Engine:
             ids_UL[u, L - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask_UL[u, L - len(prompt) :] = 1
         pos_UL = (mask_UL.cumsum(1) - 1).clamp(min=0)
-        cache = _slab_cache()
+        cache = slab_cache()
         out = self.model(
             input_ids=ids_UL,
             attention_mask=mask_UL,
             position_ids=pos_UL,
             use_cache=True,
             logits_to_keep=1,
-            **{_cache_kw(self.model): cache},
+            **{cache_kw(self.model): cache},
         )  # the cache is filled in place
         logits_GV = out.logits[:, -1, :]
         mask_GL = mask_UL
@@ -376,7 +373,7 @@ class Engine:
                 attention_mask=mask_BT,
                 position_ids=pos_B1,
                 use_cache=True,
-                **{_cache_kw(self.model): self.cache},
+                **{cache_kw(self.model): self.cache},
             )
         self.mask_BT = mask_BT
         self.stats["decode_steps"] += 1
@@ -390,11 +387,11 @@ class Engine:
         T, L = self.mask_BT.shape[1], mask_GL.shape[1]
         width = max(T, L)
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)], dim=0)
+            old.keys = torch.cat([left_pad(old.keys, width), left_pad(new.keys, width)], dim=0)
             old.values = torch.cat(
-                [_left_pad(old.values, width), _left_pad(new.values, width)], dim=0
+                [left_pad(old.values, width), left_pad(new.values, width)], dim=0
             )
-        self.mask_BT = torch.cat([_left_pad(self.mask_BT, width), _left_pad(mask_GL, width)], dim=0)
+        self.mask_BT = torch.cat([left_pad(self.mask_BT, width), left_pad(mask_GL, width)], dim=0)
         self.active.extend(seqs)
         # longest rows first, so rows with similar padding sit together (ragged.py); the
         # last G rows stay the new ones for sampling, which reads them by position
@@ -465,25 +462,6 @@ class Engine:
 PAD_WASTE = 0.25  # a prefill group pads at most this share of its real prompt tokens
 
 
-def waiting_order(waiting, priority_sign: int) -> list:
-    """The waiting queue (in arrival order) as SGLang's priority scheduling takes it:
-    ``priority * priority_sign`` ascending, then first come first served (a stable sort;
-    ``priority_sign`` is 1 with ``--schedule-low-priority-values-first``, else -1)."""
-    return sorted(waiting, key=lambda q: q.priority * priority_sign)
-
-
-def preemption_victim(running, seq, priority_sign: int, threshold: int) -> int | None:
-    """The running row ``seq`` may take (SGLang's ``preempt_to_schedule``: the worst
-    priority, the newest among equals, if ``seq`` beats it by more than ``threshold``)."""
-    if not running:
-        return None
-    worst = max(range(len(running)), key=lambda i: (running[i].priority * priority_sign,
-                                                    running[i].arrival))  # fmt: skip
-    if (seq.priority - running[worst].priority) * -priority_sign > threshold:
-        return worst
-    return None
-
-
 def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
     """Split a prefill by prompt length so left-padding stays under ``PAD_WASTE``: one batch
     of an 86- and a 579-token prompt computes 1158 positions for 665 real ones."""
@@ -500,94 +478,10 @@ def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
     return groups
 
 
-def _slab_cache() -> Any:
-    """A ``DynamicCache`` whose layers grow in place (see ``_slab_layer``)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = _slab_layer()
-    return cache
-
-
-_SLAB: type | None = None
-
-
-def _slab_layer() -> type:
-    """``DynamicLayer`` whose keys/values are views into buffers with spare room along T.
-
-    transformers' ``DynamicLayer.update`` concatenates, copying the whole cache of every
-    layer at every decode step: at batch 30 that was a third of the step on a CPU. Here a
-    step writes its column in place; the buffer grows by half when full. Any other code that
-    assigns ``keys``/``values`` (the engine's merge and row selection) just leaves tensors
-    that are not views of the buffer: the next update copies them into a new one.
-    """
-    global _SLAB
-    if _SLAB is not None:
-        return _SLAB
-    from transformers.cache_utils import DynamicLayer
-
-    class SlabLayer(DynamicLayer):
-        k_buf: torch.Tensor | None = None
-        v_buf: torch.Tensor | None = None
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-                self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
-            n, t = self.keys.shape[-2], key_states.shape[-2]
-            own = (  # still a view of the buffer (``_base`` is unset under inference_mode)
-                self.k_buf is not None
-                and self.keys.data_ptr() == self.k_buf.data_ptr()
-                and self.keys.stride() == self.k_buf.stride()
-                and self.values.data_ptr() == self.v_buf.data_ptr()
-            )
-            if not own or n + t > self.k_buf.shape[-2]:
-                self.k_buf = _with_room(self.keys, n + t)
-                self.v_buf = _with_room(self.values, n + t)
-            self.k_buf[:, :, n : n + t] = key_states
-            self.v_buf[:, :, n : n + t] = value_states
-            self.keys, self.values = self.k_buf[:, :, : n + t], self.v_buf[:, :, : n + t]
-            return self.keys, self.values
-
-    _SLAB = SlabLayer
-    return SlabLayer
-
-
-def _with_room(x: torch.Tensor, need: int) -> torch.Tensor:
-    """A ``[B, H, cap, D]`` buffer holding ``x`` in its first columns, ``cap >= need`` with
-    room for a run of decode steps."""
-    B, H, n, D = x.shape
-    buf = x.new_empty((B, H, need + max(32, need // 2), D))
-    buf[:, :, :n] = x
-    return buf
-
-
 def _tags(tags: list[str] | None) -> set[str]:
     """The regions ``tags`` names (None or []: all, as SGLang); other names hold no memory
     here (SGLang keeps them in its offload set too: ``sglang_state.py`` does the books)."""
     return set(tags or MEMORY_TAGS) & set(MEMORY_TAGS)
-
-
-def _cache_kw(model: Any) -> str:
-    """transformers >= 5.2x calls the KV-cache argument ``cache``; older 5.x ``past_key_values``."""
-    kw = getattr(model, "_spade_cache_kw", None)
-    if kw is None:
-        kw = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        )
-        model._spade_cache_kw = kw
-    return kw
-
-
-def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Pad dim 2 (KV ``[B,H,T,D]``) or dim 1 (mask ``[B,T]``) on the left with zeros."""
-    dim = 2 if x.dim() == 4 else 1
-    missing = width - x.shape[dim]
-    if missing == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

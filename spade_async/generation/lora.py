@@ -161,9 +161,7 @@ class LoraServing:
             max_running=base.max_running,
             max_prefill_tokens=base.max_prefill_tokens,
             weight_version=version,
-            priority_scheduling=base.priority_scheduling,
-            low_priority_first=base.priority_sign == 1,
-            preemption_threshold=base.preemption_threshold,
+            priority=base.priority,
         )
 
     def _refuse(self, message: str, path: str = ""):

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "BadRequest",
     "SamplingParams",
     "GenerateReqInput",
     "FinishReason",
@@ -46,6 +47,10 @@ __all__ = [
     "ModelInfo",
     "ErrorBody",
 ]
+
+
+class BadRequest(Exception):
+    """A request the CPU engine's server refuses with 400 (one line: what is wrong)."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

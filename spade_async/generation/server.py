@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import sys
 import uuid
 from typing import Any
@@ -60,7 +59,9 @@ from starlette.routing import Route
 from spade_async.generation import routes
 from spade_async.generation.control import ControlRoutes, _error, _json, _tracer
 from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
+from spade_async.generation.priority import PriorityPolicy, PriorityRefused
 from spade_async.generation.protocol import (
+    BadRequest,
     GenerateOutput,
     GenerateReqInput,
     MetaInfo,
@@ -78,50 +79,6 @@ class RoutedGenerateReqInput(GenerateReqInput, kw_only=True):
     it before its ``GenerateReqInput``; the contract checks what the client sends)."""
 
     model: str | None = None
-
-
-class BadRequest(Exception):
-    pass
-
-
-class PriorityRefused(Exception):
-    """A ``priority`` sent to a server without priority scheduling that aborts such requests."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PriorityPolicy:
-    """SGLang's request priority rules (``--enable-priority-scheduling`` and its flags):
-    the tokenizer manager fills in ``default`` for a request without one and refuses values
-    outside signed 64 bits; the scheduler gives a request still without one the lowest
-    priority, and, with scheduling off, ignores a priority or (``abort_when_disabled``)
-    aborts the request with 503."""
-
-    enabled: bool = False
-    low_first: bool = False
-    default: int | None = None
-    abort_when_disabled: bool = False
-    # the engine's: a waiting request this much better than the worst running one takes its
-    # row (SGLang's default 10); None: never (--disable-priority-preemption)
-    preemption_threshold: int | None = 10
-
-    def resolve(self, priority: int | None) -> int:
-        if self.enabled and priority is None and self.default is not None:
-            priority = self.default
-        if priority is not None and not -(1 << 63) <= priority < (1 << 63):
-            raise BadRequest(
-                "priority must be a signed 64-bit integer between -9223372036854775808 and "
-                "9223372036854775807"
-            )
-        if not self.enabled:
-            if priority is not None and self.abort_when_disabled:
-                raise PriorityRefused(
-                    "Using priority is disabled for this server. Please send a new request "
-                    "without a priority."
-                )
-            return 0
-        if priority is None:  # the scheduler's default: served last
-            return sys.maxsize if self.low_first else -sys.maxsize - 1
-        return priority
 
 
 class EngineApp(ControlRoutes):
@@ -146,9 +103,7 @@ class EngineApp(ControlRoutes):
         from spade_async.generation.lora import LoraServing
 
         self.lora = LoraServing(self, enabled=False)  # --enable-lora (generation/lora.py)
-        self.priority = PriorityPolicy(  # the engine's --enable-priority-scheduling flags
-            enabled=engine.priority_scheduling, low_first=engine.priority_sign == 1
-        )
+        self.priority = engine.priority  # --enable-priority-scheduling and its flags
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
@@ -386,13 +341,11 @@ def make_engine_app(
     path = str(resolve_model(model))
     lm, tokenizer = load_causal_lm(path, dtype=dtype)
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
-    priority = priority or PriorityPolicy()
-    engine = Engine(lm, tokenizer, max_running=max_running, weight_version=weight_version,
-                    priority_scheduling=priority.enabled, low_priority_first=priority.low_first,
-                    preemption_threshold=priority.preemption_threshold)  # fmt: skip
+    engine = Engine(
+        lm, tokenizer, max_running=max_running, weight_version=weight_version, priority=priority
+    )
     app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
     app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
-    app.priority = priority
     return app
 
 
@@ -433,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-running-requests", "--max-running", dest="max_running", type=int, default=64,
         help="max sequences decoded together (SGLang's --max-running-requests)",
     )  # fmt: skip
-    # priority scheduling, as SGLang's flags (server.PriorityPolicy); no preemption here
+    # priority scheduling, as SGLang's flags (generation/priority.py)
     parser.add_argument("--enable-priority-scheduling", action="store_true")
     parser.add_argument("--schedule-low-priority-values-first", action="store_true")
     parser.add_argument("--default-priority-value", type=int, default=None)

@@ -20,8 +20,8 @@ from http import HTTPStatus
 import pytest
 
 from spade_async.engines import EngineConfig, check_engine, scheduling_flags
-from spade_async.generation.engine import waiting_order
-from spade_async.generation.server import BadRequest, PriorityPolicy, PriorityRefused
+from spade_async.generation.priority import PriorityPolicy, PriorityRefused, waiting_order
+from spade_async.generation.protocol import BadRequest
 from spade_async.generation.sglang_source import pinned_flags, wheel_path
 
 
@@ -181,7 +181,7 @@ def _sglang_victim(running, seq, low_first: bool, threshold: int):
 @pytest.mark.parametrize("low_first", [False, True])
 @pytest.mark.parametrize("threshold", [0, 1, 10])
 def test_the_preempted_row_is_the_one_sglang_retracts(low_first, threshold):
-    from spade_async.generation.engine import preemption_victim
+    from spade_async.generation.priority import preemption_victim
 
     rng = random.Random(threshold * 2 + low_first)
     for _ in range(60):

@@ -149,16 +149,23 @@ def test_more_bfcl_episodes_than_pool_workers_wait_their_turn():
             await anyio.sleep(0.4)
             return await super().__call__(messages, sampling, item=item, tools=tools)
 
-    config = PoolConfig(max_workers=3, prewarm=1, call_timeout_s=10.0, open_timeout_s=30.0,
-                        capacity_wait_s=1.0)  # fmt: skip
+    config = PoolConfig(max_workers=3, prewarm=1, capacity_wait_s=1.0)
+    res = _in_small_pool(config, "bfcl_v4_multi_turn", Slow(gold_reply), n=1, limit=6)
+    assert res.samples == 6 and res.metrics["avg@1"] == 1.0, res.metrics
+
+
+def _in_small_pool(config, suite: str, generator, *, n: int, limit: int):
+    """``suite`` evaluated at a concurrency far above ``config``'s workers."""
+    import msgspec
+
+    config = msgspec.structs.replace(config, call_timeout_s=10.0, open_timeout_s=30.0)
 
     async def main():
         async with EnvPool(config) as pool:
-            return await evaluate(["bfcl_v4_multi_turn"], Slow(gold_reply), out=None, model="gold",
-                                  n=1, limit=6, pool=pool, concurrency=32)  # fmt: skip
+            return await evaluate([suite], generator, out=None, model="g", n=n, limit=limit,
+                                  pool=pool, concurrency=32)  # fmt: skip
 
-    res = anyio.run(main).suites["bfcl_v4_multi_turn"]
-    assert res.samples == 6 and res.metrics["avg@1"] == 1.0, res.metrics
+    return anyio.run(main).suites[suite]
 
 
 def test_equal_code_samples_each_get_a_worker_of_their_own():
@@ -180,13 +187,6 @@ def test_more_code_samples_than_pool_workers_queue_instead_of_scoring_zero():
     slot per worker) instead of scoring 0 as 'busy'."""
     from spade_async.envs.pool import PoolConfig
 
-    config = PoolConfig(max_workers=2, prewarm=0, call_timeout_s=10.0, open_timeout_s=30.0,
-                        capacity_wait_s=0.3)  # fmt: skip
-
-    async def main():
-        async with EnvPool(config) as pool:
-            return await evaluate(["humaneval"], Scripted(gold_reply), out=None, model="g",
-                                  limit=2, n=6, pool=pool, concurrency=32)  # fmt: skip
-
-    res = anyio.run(main).suites["humaneval"]
+    config = PoolConfig(max_workers=2, prewarm=0, capacity_wait_s=0.3)
+    res = _in_small_pool(config, "humaneval", Scripted(gold_reply), n=6, limit=2)
     assert res.samples == 12 and res.metrics["avg@6"] == 1.0, res.metrics

@@ -103,7 +103,7 @@ def test_ragged_decode_attention_equals_sdpa(tiny_model):
     from transformers import DynamicCache
 
     from spade_async.generation import ragged
-    from spade_async.generation.engine import _cache_kw
+    from spade_async.generation.kv_cache import cache_kw
 
     model, _ = load_causal_lm(str(tiny_model))
     model = model.double().eval()
@@ -122,7 +122,7 @@ def test_ragged_decode_attention_equals_sdpa(tiny_model):
             ignored = model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT).logits[
                 :, -1
             ]
-        cache = {_cache_kw(model): DynamicCache()}
+        cache = {cache_kw(model): DynamicCache()}
         model(input_ids=ids_BT[:, :-1], attention_mask=mask_BT[:, :-1], position_ids=pos_BT[:, :-1],
               use_cache=True, **cache)  # fmt: skip
         with ragged.using_plan(mask_BT):

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from spade_async.generation.client import ClientConfig, GenerationClient, request_priority
+from spade_async.generation.priority import PriorityPolicy
 from spade_async.generation.protocol import SamplingParams
-from spade_async.generation.server import PriorityPolicy, make_engine_app, serve_in_thread
+from spade_async.generation.server import make_engine_app, serve_in_thread
 
 ONE = SamplingParams(max_new_tokens=2, temperature=0.0)
 
