@@ -11,7 +11,12 @@ Speed: a full descending sort of the vocab per row (SGLang's ``top_p`` path on a
 The truncated rows instead look at their ``K`` most likely tokens (``torch.topk``, K = 64,
 then 1024, then the whole vocab): when a rule cuts inside those K the kept set is the same as
 after a full sort, otherwise the row is retried with a larger K. Rows without truncation
-sample over the whole vocab; greedy rows take the argmax.
+sample over the whole vocab; greedy rows take the argmax. Every other pass over the vocab
+runs only on the rows that need it: the whole vocab's mass only for rows that neither top-k
+nor min-p cut inside their K (the reference's top-k 20 cuts every row), the argmax only for
+greedy rows, the last drawable token only for a draw that ran off the end. At batch 32 and a
+49k vocab that took a top-k 20 / top-p 0.95 step from ~45 to ~12 ms on one EPYC thread (the
+tiny bench model's decode forward is ~45 ms); the draws are bit-identical to before.
 
 Legend: B rows, R truncated rows, V vocab, K candidates per row.
 """
@@ -33,25 +38,40 @@ def sample_tokens(
     """One token per row from ``exp(logprobs_BV)`` under each row's sampling parameters."""
     B, V = logprobs_BV.shape
     greedy = [p.temperature <= 0 or p.top_k == 1 for p in params]
-    argmax_B = logprobs_BV.argmax(dim=1)
     if all(greedy):
-        return argmax_B
+        return logprobs_BV.argmax(dim=1)
     # one uniform per row, greedy rows included, so a row's stream never depends on its batch
     u_B = torch.cat([torch.rand(1, generator=g) for g in generators])
-    tokens_B = argmax_B.clone()
+    # a full-vocab pass per row costs about as much as a small model's decode step (a 49k
+    # vocab at batch 32: ~1.5 ms a pass), so each pass runs only on the rows that need it,
+    # and without a copy when those are all the rows
+    tokens_B = logprobs_BV.argmax(dim=1) if any(greedy) else torch.zeros(B, dtype=torch.long)
     plain = [b for b in range(B) if not greedy[b] and not _truncates(params[b], V)]
     cut = [b for b in range(B) if not greedy[b] and _truncates(params[b], V)]
     if plain:
-        index = torch.tensor(plain)
-        tokens_B[index] = _inverse_cdf(logprobs_BV[index].exp(), u_B[index])
+        drawn = _inverse_cdf(_rows(logprobs_BV, plain).exp(), _rows(u_B, plain))
+        _put(tokens_B, plain, drawn)
     if cut:
         index = torch.tensor(cut)
-        logprobs_RV = logprobs_BV if len(cut) == B else logprobs_BV[index]
+        logprobs_RV = _rows(logprobs_BV, cut)
         for rows_G, ids_GK, probs_GK in truncated_candidates(logprobs_RV, [params[b] for b in cut]):
             ids_GK, order_GK = ids_GK.sort(dim=1)  # token-id order, as a whole-vocab CDF
             drawn_G = _inverse_cdf(probs_GK.gather(1, order_GK), u_B[index[rows_G]])
             tokens_B[index[rows_G]] = ids_GK.gather(1, drawn_G.unsqueeze(1)).squeeze(1)
     return tokens_B
+
+
+def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``x[rows]``, without the copy when ``rows`` is every row in order."""
+    return x if len(rows) == x.shape[0] else x[torch.tensor(rows)]
+
+
+def _put(out: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
+    """``out[rows] = values``, without the index when ``rows`` is every row in order."""
+    if len(rows) == out.shape[0]:
+        out.copy_(values)
+    else:
+        out[torch.tensor(rows)] = values
 
 
 def truncated_candidates(
@@ -105,10 +125,14 @@ def _candidates(
     cut_R |= ~(probs_RK[:, -1:] >= floor_R1).squeeze(1)  # min-p cut inside the K
     # mass left after top-k and min-p: inside the K when one of them cut, else the whole vocab
     kept_RK = torch.where(keep_RK, probs_RK, 0.0)
-    inside_R = kept_RK.sum(1, dtype=torch.float64)
-    probs_RV = logprobs_RV.exp()
-    whole_R = torch.where(probs_RV >= floor_R1, probs_RV, 0.0).sum(1, dtype=torch.float64)
-    total_R = torch.where(cut_R, inside_R, whole_R)
+    total_R = kept_RK.sum(1, dtype=torch.float64)
+    # the whole vocab's mass (five passes over V a row) only for the rows that use it
+    uncut = (~cut_R).nonzero().squeeze(1).tolist()
+    if uncut:
+        probs_NV = _rows(logprobs_RV, uncut).exp()
+        floor_N1 = _rows(floor_R1, uncut)
+        whole_N = torch.where(probs_NV >= floor_N1, probs_NV, 0.0).sum(1, dtype=torch.float64)
+        _put(total_R, uncut, whole_N)
     top_p_R = torch.tensor([p.top_p for p in params], dtype=torch.float64)
     before_RK = kept_RK.double().cumsum(1) - kept_RK.double()
     keep_RK &= before_RK <= (top_p_R * total_R).unsqueeze(1)
@@ -121,9 +145,18 @@ def _truncates(p: SamplingParams, V: int) -> bool:
 
 
 def _inverse_cdf(probs_RN: torch.Tensor, u_R: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative mass exceeds ``u * total``: a token of
+    positive probability, since a zero adds nothing to the sum. Only when ``u * total``
+    rounds up to the total does the search run off the end (index N); such a row takes its
+    last token of positive probability, found for those rows alone."""
     cdf_RN = probs_RN.cumsum(1)
     target_R1 = u_R.unsqueeze(1).to(cdf_RN.dtype) * cdf_RN[:, -1:]
     drawn_R = torch.searchsorted(cdf_RN, target_R1, right=True).squeeze(1)
-    # u * total may round up to the total: stay on the last token that can be drawn
-    last_R = (torch.arange(probs_RN.shape[1]) * (probs_RN > 0)).max(dim=1).values
-    return torch.minimum(drawn_R, last_R)
+    off_R = drawn_R >= probs_RN.shape[1]
+    if bool(off_R.any()):
+        rows = off_R.nonzero().squeeze(1)
+        positive_GN = probs_RN[rows] > 0
+        N = positive_GN.shape[1]
+        last_G = N - 1 - positive_GN.flip(1).to(torch.uint8).argmax(dim=1)
+        drawn_R[rows] = torch.where(positive_GN.any(dim=1), last_G, 0)
+    return drawn_R

@@ -96,3 +96,55 @@ def test_candidate_search_keeps_exactly_what_a_full_sort_keeps():
             )
     assert sorted(seen) == list(range(len(rows)))
     assert {64, V} <= widths, widths  # peaked rows stop early, flat rows fall back
+
+
+def test_a_rows_draw_does_not_depend_on_its_batch():
+    """Each row drawn alone equals the same row drawn in a batch of every kind (greedy,
+    plain, truncated, other temperatures): the sampler's per-path row selection (no copy
+    when a path takes every row) must put each draw back on its own row."""
+    gen = torch.Generator().manual_seed(3)
+    kinds = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0),
+             SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_p=0.8),
+             SamplingParams(temperature=1.0, top_k=4), SamplingParams(temperature=1.1, min_p=0.1)]  # fmt: skip
+    for trial in range(30):
+        B, V = 2 + trial % 7, 50 + 13 * trial
+        logits_BV = torch.randn(B, V, generator=gen) * (1 + trial % 4)
+        params = [kinds[int(i)] for i in torch.randint(0, len(kinds), (B,), generator=gen)]
+        if trial % 3 == 0:  # one path takes every row
+            params = [kinds[trial % len(kinds)]] * B
+        temps_B1 = torch.tensor([[p.temperature] for p in params])
+        logprobs_BV = sampling_logprobs(logits_BV, temps_B1)
+        seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen).tolist()
+        batch = sample_tokens(logprobs_BV, params, [torch.Generator().manual_seed(s) for s in seeds])
+        for b in range(B):
+            alone = sample_tokens(
+                logprobs_BV[b : b + 1], [params[b]], [torch.Generator().manual_seed(seeds[b])]
+            )
+            assert int(alone) == int(batch[b]), (trial, b, params[b])
+
+
+def test_a_draw_that_rounds_up_to_the_total_takes_the_last_drawable_token():
+    """``u * total`` can round up to the total; the search then runs off the end and the row
+    must take its last token of positive probability (zeros after it can never be drawn),
+    and otherwise the first token whose cumulative mass exceeds ``u * total``."""
+    from spade_async.generation.sampling import _inverse_cdf
+
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(500):
+        N = int(torch.randint(2, 40, (1,), generator=gen))
+        probs_RN = torch.rand(4, N, generator=gen)
+        zeros = int(torch.randint(0, N, (1,), generator=gen))
+        if zeros:
+            probs_RN[:, N - zeros :] = 0
+        if N - zeros > 1:  # a hole inside, leaving the first token drawable
+            probs_RN[:, int(torch.randint(1, N - zeros, (1,), generator=gen))] = 0
+        u_R = torch.tensor([1.0, 1.0 - 2**-24, float(torch.rand(1, generator=gen)), 0.0])
+        drawn_R = _inverse_cdf(probs_RN, u_R)
+        cdf_RN = probs_RN.cumsum(1)
+        for r in range(4):
+            positive = probs_RN[r].nonzero().squeeze(1)
+            target = float(u_R[r].to(cdf_RN.dtype) * cdf_RN[r, -1])
+            above = (cdf_RN[r] > target).nonzero().squeeze(1)
+            expect = int(above[0]) if above.numel() else int(positive[-1])
+            assert int(drawn_R[r]) == expect, (probs_RN[r], u_R[r])
+            assert probs_RN[r, int(drawn_R[r])] > 0
