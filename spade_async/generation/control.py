@@ -110,7 +110,11 @@ class ControlRoutes:
         if (dead := self._dead(request)) is not None:
             return dead
         v = self._judge(routes.FLUSH_CACHE.path, None)
-        # HTTP flush_cache: plain text, 200 or 400 (nothing cached here to drop)
+        if v.ok:  # SGLang drops the whole radix cache: every adapter's engine here
+            self.engine.flush_prefix_cache()
+            for _, engine in self.lora.adapters.values():
+                engine.flush_prefix_cache()
+        # HTTP flush_cache: plain text, 200 or 400
         return Response("Cache flushed." if v.ok else v.message, status_code=v.status)
 
     async def pause(self, request: Request) -> Response:

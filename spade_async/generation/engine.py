@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from spade_async.generation import packed, ragged
-from spade_async.generation.kv_cache import cache_kw, left_pad, slab_cache
+from spade_async.generation.kv_cache import PrefixCache, cache_kw, left_pad, slab_cache
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.priority import PriorityPolicy, preemption_victim, waiting_order
 from spade_async.generation.protocol import FinishReason, SamplingParams
@@ -42,6 +42,7 @@ __all__ = ["MEMORY_TAGS", "Engine", "EngineBusy", "Sequence", "sample_tokens"]
 # SGLang's release/resume_memory_occupation tags (constants.py GPU_MEMORY_ALL_TYPES; the CPU
 # engine has no CUDA graph: that tag only counts); sglang_state.py keeps their bookkeeping
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
+PREFIX_CACHE_BYTES = 256 << 20  # finished requests' KV kept for their next turn (PrefixCache)
 
 
 class EngineBusy(RuntimeError):
@@ -95,6 +96,7 @@ class Engine:
         max_prefill_tokens: int = 8192,
         weight_version: str = "0",
         priority: PriorityPolicy | None = None,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
         """``priority`` (SGLang's ``--enable-priority-scheduling`` and its flags): when
         enabled, the waiting queue is taken in priority order, then first come first served
@@ -102,7 +104,9 @@ class Engine:
         ``priority.preemption_threshold`` better than the worst running one takes its place
         (``preemption_victim``; None: never, ``--disable-priority-preemption``): the worst
         (the newest among equals) goes back to the queue with its tokens so far, and resumes
-        from them."""
+        from them. ``prefix_cache_bytes``: room for finished requests' KV, so that the next
+        turn of a conversation prefills only its new tokens (``PrefixCache``; 0 turns it off,
+        SGLang's ``--disable-radix-cache``)."""
         self.model = model
         ragged.enable(model)
         packed.pack(model)
@@ -122,13 +126,15 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.released: set[str] = set()  # memory tags given back (colocated training)
+        self.prefix = PrefixCache(prefix_cache_bytes)  # touched only by the scheduler thread
+        self._flush_prefix = False  # set by other threads, done by the scheduler thread
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         # batch state, touched only by the scheduler thread
         self.active: list[Sequence] = []
         self.cache: Any = None
         self.mask_BT: torch.Tensor | None = None
         self.stats = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "max_batch": 0,
-                      "tokens": 0, "preemptions": 0}  # fmt: skip
+                      "tokens": 0, "preemptions": 0, "prefix_hit_tokens": 0}  # fmt: skip
 
     # ---- public, thread-safe -------------------------------------------------------------
     def start(self) -> None:
@@ -197,6 +203,7 @@ class Engine:
                     p.data = torch.empty(0, dtype=p.dtype)
             if "kv_cache" in chosen:
                 self._reset_batch()
+            self._flush_prefix = True  # its KV goes with the memory, or the weights change
             self.released |= chosen
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
@@ -208,7 +215,13 @@ class Engine:
                 for name, p in self.model.named_parameters():
                     shape, dtype = self._shapes.pop(name)
                     p.data = torch.empty(shape, dtype=dtype)
+                self._flush_prefix = True
             self.released -= chosen
+
+    def flush_prefix_cache(self) -> None:
+        """Drop the finished requests' KV (``/flush_cache``); done before the next prefill."""
+        with self._cond:
+            self._flush_prefix = True
 
     def swap_model(self, model: Any, version: str, *, abort: bool) -> concurrent.futures.Future:
         """Swap weights once running sequences finish (or are aborted; new ones wait), or at
@@ -235,8 +248,11 @@ class Engine:
                     if swap is not None and swap.abort:
                         abort_all = True
                     paused = self._paused
+                    flush, self._flush_prefix = self._flush_prefix, False
                     if not paused and swap is None:
                         new = self._take_pending()
+                if flush:
+                    self.prefix.clear()
                 if abort_all:
                     self._abort_running("aborted by pause_generation or a weight update")
                 if swap is not None and (paused or not self.active):
@@ -304,6 +320,7 @@ class Engine:
             if seq.output_ids:
                 seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
+        self.prefix.clear()  # KV computed under the old weights is never reused
         ragged.enable(self.model)
         packed.pack(self.model)
         with self._cond:
@@ -323,8 +340,63 @@ class Engine:
         self._reset_batch()
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        for group in _length_groups(seqs):
+        cold, warm = list(seqs), []
+        if len(self.prefix):
+            cold = []
+            for seq in seqs:
+                n, kv = self.prefix.longest(seq.context())
+                if n:
+                    warm.append((seq, n, kv))
+                else:
+                    cold.append(seq)
+        for group in _length_groups(cold):
             self._prefill_group(group)
+        for hits in _length_groups(warm, key=lambda hit: len(hit[0].context()) - hit[1]):
+            self._prefill_cached(hits)
+
+    def _prefill_cached(self, hits: list[tuple[Sequence, int, list]]) -> None:
+        """Prefill requests whose contexts start with cached KV: each computes the last S
+        tokens of its context (S: the longest new part in the group; a row with a shorter new
+        part recomputes a few cached tokens) over its cached KV, left-padded, so each row's
+        real positions stay one contiguous suffix as the batch (and ``ragged.py``) needs."""
+        S = max(len(seq.context()) - n for seq, n, _ in hits)
+        short = [seq for seq, _, _ in hits if len(seq.context()) < S]
+        if short:  # whole contexts shorter than another row's new part: no room to align
+            self._prefill_group(short)
+            hits = [hit for hit in hits if len(hit[0].context()) >= S]
+        seqs = [seq for seq, _, _ in hits]
+        contexts = [seq.context() for seq in seqs]
+        used = [len(c) - S for c in contexts]  # cached tokens each row keeps (>= 0)
+        G, P = len(hits), max(used)
+        ids_GS = torch.tensor([c[len(c) - S :] for c in contexts], dtype=torch.long)
+        mask_GT = torch.zeros((G, P + S), dtype=torch.long)
+        for g, p in enumerate(used):
+            mask_GT[g, P - p :] = 1
+        pos_GS = torch.tensor(used, dtype=torch.long).unsqueeze(1) + torch.arange(S)
+        cache = slab_cache()
+        for layer, pairs in enumerate(zip(*(kv for _, _, kv in hits), strict=True)):
+            k0, v0 = pairs[0]
+            keys = k0.new_zeros((G, k0.shape[0], P, k0.shape[2]))
+            values = v0.new_zeros((G, v0.shape[0], P, v0.shape[2]))
+            for g, ((k, v), p) in enumerate(zip(pairs, used, strict=True)):
+                if p:
+                    keys[g, :, P - p :] = k[:, :p]
+                    values[g, :, P - p :] = v[:, :p]
+            cache.update(keys, values, layer)
+        out = self.model(
+            input_ids=ids_GS,
+            attention_mask=mask_GT,
+            position_ids=pos_GS,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw(self.model): cache},
+        )
+        self._merge(seqs, cache, mask_GT)
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += G * S
+        self.stats["prefix_hit_tokens"] += sum(used)
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(self.active))
+        self._sample_and_finish(out.logits[:, -1, :], seqs)
 
     def _prefill_group(self, seqs: list[Sequence]) -> None:
         """Prefill prompts of similar length together; identical prompts (``n`` samples of
@@ -412,9 +484,26 @@ class Engine:
         done = [i for i, s in enumerate(self.active) if s.finish is not None]
         if done:
             for i in done:
+                self._keep_prefix(i)
                 self._resolve(self.active[i])
             keep = [i for i, s in enumerate(self.active) if s.finish is None]
             self._select(keep)
+
+    def _keep_prefix(self, row: int) -> None:
+        """Keep a finished row's KV for the next turn of its conversation: its prompt and
+        output less the last token (sampled, never fed back)."""
+        seq = self.active[row]
+        if not self.prefix.max_bytes or seq.finish is None or seq.finish.type == "abort":
+            return
+        tokens = (seq.prompt_ids + seq.output_ids)[:-1]
+        T, n = self.mask_BT.shape[1], int(self.mask_BT[row].sum())
+        if n != len(tokens):  # not this row's whole context: keep nothing rather than guess
+            return
+        kv = [
+            (layer.keys[row, :, T - n :].clone(), layer.values[row, :, T - n :].clone())
+            for layer in self.cache.layers
+        ]
+        self.prefix.put(tuple(tokens), kv)
 
     def _check_finish(self, seq: Sequence) -> None:
         token = seq.output_ids[-1]
@@ -462,13 +551,14 @@ class Engine:
 PAD_WASTE = 0.25  # a prefill group pads at most this share of its real prompt tokens
 
 
-def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
-    """Split a prefill by prompt length so left-padding stays under ``PAD_WASTE``: one batch
-    of an 86- and a 579-token prompt computes 1158 positions for 665 real ones."""
-    groups: list[list[Sequence]] = []
+def _length_groups(items: list, key=lambda seq: len(seq.context())) -> list[list]:
+    """Split a prefill by the length it computes (``key``; a prompt's) so left-padding stays
+    under ``PAD_WASTE``: one batch of an 86- and a 579-token prompt computes 1158 positions
+    for 665 real ones."""
+    groups: list[list] = []
     tokens = 0
-    for seq in sorted(seqs, key=lambda s: len(s.context())):
-        n = len(seq.context())
+    for seq in sorted(items, key=key):
+        n = key(seq)
         if groups and (len(groups[-1]) + 1) * n <= (1 + PAD_WASTE) * (tokens + n):
             groups[-1].append(seq)
             tokens += n

@@ -1,15 +1,17 @@
 """The CPU engine's KV-cache helpers: a ``DynamicCache`` whose layers grow in place
-(``slab_cache``), left-padding for merging rows of different lengths, and the name
-transformers gives the cache argument."""
+(``slab_cache``), left-padding for merging rows of different lengths, the name
+transformers gives the cache argument, and finished requests' KV kept for the next turn of
+their conversation (``PrefixCache``)."""
 
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from typing import Any
 
 import torch
 
-__all__ = ["cache_kw", "left_pad", "slab_cache"]
+__all__ = ["PrefixCache", "cache_kw", "left_pad", "slab_cache"]
 
 
 def slab_cache() -> Any:
@@ -94,3 +96,74 @@ def left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] = missing
     return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+class PrefixCache:
+    """Finished requests' KV rows, for a later request whose context starts with one of them:
+    a multi-turn conversation's next turn (its prompt is the last turn's prompt and reply,
+    then the new observation: ``chat.py`` keeps token lists append-only) prefills only the
+    new tokens. SGLang's radix cache does this on a GPU; this is the same reuse reduced to
+    whole-request entries, least recently used dropped first past ``max_bytes``.
+
+    An entry is the KV of ``tokens`` (a finished request's prompt and output less its last
+    token, which no forward pass has seen), per layer ``[H, n, D]``. The owner (the engine's
+    scheduler thread) drops everything whenever the weights change: KV computed under other
+    weights is never reused. Legend: n cached tokens, H kv heads, D head dim.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self.bytes = 0
+        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
+            OrderedDict()
+        )
+        self._lengths: dict[int, int] = {}  # entry length -> entries of that length
+        self.stats = {"hits": 0, "hit_tokens": 0, "misses": 0, "evictions": 0}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, tokens: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        size = sum(k.nbytes + v.nbytes for k, v in kv)
+        if not tokens or size > self.max_bytes:
+            return
+        if tokens in self._entries:
+            self._drop(tokens)
+        self._entries[tokens] = kv
+        self._lengths[len(tokens)] = self._lengths.get(len(tokens), 0) + 1
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+            self.stats["evictions"] += 1
+
+    def longest(
+        self, context: list[int]
+    ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The longest entry that is a prefix of ``context`` and leaves at least one token of
+        it to compute (its logits draw the first new token): ``(n, kv)``, or ``(0, None)``."""
+        for n in sorted(self._lengths, reverse=True):
+            if n >= len(context):
+                continue
+            key = tuple(context[:n])
+            kv = self._entries.get(key)
+            if kv is not None:
+                self._entries.move_to_end(key)
+                self.stats["hits"] += 1
+                self.stats["hit_tokens"] += n
+                return n, kv
+        self.stats["misses"] += 1
+        return 0, None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._lengths.clear()
+        self.bytes = 0
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        kv = self._entries.pop(key)
+        self.bytes -= sum(k.nbytes + v.nbytes for k, v in kv)
+        left = self._lengths[len(key)] - 1
+        if left:
+            self._lengths[len(key)] = left
+        else:
+            del self._lengths[len(key)]

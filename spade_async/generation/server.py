@@ -30,8 +30,10 @@ one when a weight update landed while the request ran paused ``in_place``).
 
 Not implemented here (GPU-only paths; HTTP 400 saying so): ``/init_weights_update_group``,
 ``/update_weights_from_distributed``, ``/update_weights_from_tensor``, ``stream``,
-``top_logprobs_num``, input-token log-probs (``logprob_start_len`` >= 0). There is no
-prefix cache, so ``/flush_cache`` has nothing to drop.
+``top_logprobs_num``, input-token log-probs (``logprob_start_len`` >= 0). The prefix cache
+is the engine's ``PrefixCache`` (finished requests' KV, reused by the next turn of their
+conversation; ``--disable-radix-cache`` turns it off): ``/flush_cache``, when SGLang's state
+allows it, drops it on every engine (base and adapters), and so does any weight change.
 
 Responses: ``output_ids`` include the token that stopped generation (EOS or a stop token
 id) so the trainer sees every sampled token with its log-prob; ``text`` is decoded with
@@ -58,7 +60,13 @@ from starlette.routing import Route
 
 from spade_async.generation import routes
 from spade_async.generation.control import ControlRoutes, _error, _json, _tracer
-from spade_async.generation.engine import Engine, EngineBusy, Sequence, now_seed
+from spade_async.generation.engine import (
+    PREFIX_CACHE_BYTES,
+    Engine,
+    EngineBusy,
+    Sequence,
+    now_seed,
+)
 from spade_async.generation.priority import PriorityPolicy, PriorityRefused
 from spade_async.generation.protocol import (
     BadRequest,
@@ -332,17 +340,24 @@ def make_engine_app(
     enable_lora: bool = False,
     max_lora_rank: int = 0,
     priority: PriorityPolicy | None = None,
+    radix_cache: bool = True,
 ) -> EngineApp:
     """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model.
     ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``;
-    ``priority``: SGLang's priority scheduling (``PriorityPolicy``)."""
+    ``priority``: SGLang's priority scheduling (``PriorityPolicy``); ``radix_cache=False``
+    (``--disable-radix-cache``) keeps no finished request's KV for its next turn."""
     from spade_async.models import load_causal_lm, resolve_model
 
     path = str(resolve_model(model))
     lm, tokenizer = load_causal_lm(path, dtype=dtype)
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
     engine = Engine(
-        lm, tokenizer, max_running=max_running, weight_version=weight_version, priority=priority
+        lm,
+        tokenizer,
+        max_running=max_running,
+        weight_version=weight_version,
+        priority=priority,
+        prefix_cache_bytes=PREFIX_CACHE_BYTES if radix_cache else 0,
     )
     app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
     app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
@@ -400,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
     parser.add_argument("--max-lora-rank", type=int, default=0, help="refuse adapters above it")
     parser.add_argument("--lora-target-modules", nargs="*", default=[], help="(SGLang's flag)")
+    parser.add_argument(
+        "--disable-radix-cache", action="store_true",
+        help="keep no finished request's KV for the next turn of its conversation",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     from spade_async.errors import SpadeError
 
@@ -414,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_version=args.weight_version,
             enable_lora=args.enable_lora,
             max_lora_rank=args.max_lora_rank,
+            radix_cache=not args.disable_radix_cache,
             priority=PriorityPolicy(
                 enabled=args.enable_priority_scheduling,
                 low_first=args.schedule_low_priority_values_first,
