@@ -462,6 +462,11 @@ def main() -> None:
             for k in stages
             if sync["busy_s"].get(k) and k in asyn["busy_s"]
         },
+        # the schedule alone, contention aside: async wall over its own busiest stage's busy
+        # time in async (1.0: that stage never waited, fills included)
+        "async_wall_over_async_busiest": round(
+            asyn["wall_s"] / max(asyn["busy_s"].get(k, 0.0) for k in stages), 2
+        ),
         "targets": {
             **(
                 {}
