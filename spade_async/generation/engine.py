@@ -383,20 +383,25 @@ class Engine:
                     keys[g, :, P - p :] = k[:, :p]
                     values[g, :, P - p :] = v[:, :p]
             cache.update(keys, values, layer)
-        out = self.model(
-            input_ids=ids_GS,
-            attention_mask=mask_GT,
-            position_ids=pos_GS,
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_kw(self.model): cache},
-        )
+        logits_GV = self._prefill_logits(ids_GS, mask_GT, pos_GS, cache)
         self._merge(seqs, cache, mask_GT)
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += G * S
         self.stats["prefix_hit_tokens"] += sum(used)
         self.stats["max_batch"] = max(self.stats["max_batch"], len(self.active))
-        self._sample_and_finish(out.logits[:, -1, :], seqs)
+        self._sample_and_finish(logits_GV, seqs)
+
+    def _prefill_logits(self, ids, mask, positions, cache) -> torch.Tensor:
+        """One prefill forward over ``cache`` (filled in place): the last position's logits."""
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw(self.model): cache},
+        )
+        return out.logits[:, -1, :]
 
     def _prefill_group(self, seqs: list[Sequence]) -> None:
         """Prefill prompts of similar length together; identical prompts (``n`` samples of
@@ -412,15 +417,7 @@ class Engine:
             mask_UL[u, L - len(prompt) :] = 1
         pos_UL = (mask_UL.cumsum(1) - 1).clamp(min=0)
         cache = slab_cache()
-        out = self.model(
-            input_ids=ids_UL,
-            attention_mask=mask_UL,
-            position_ids=pos_UL,
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_kw(self.model): cache},
-        )  # the cache is filled in place
-        logits_GV = out.logits[:, -1, :]
+        logits_GV = self._prefill_logits(ids_UL, mask_UL, pos_UL, cache)
         mask_GL = mask_UL
         if U < len(seqs):
             rows_G = torch.tensor(row_of, dtype=torch.long)
