@@ -492,6 +492,8 @@ class Engine:
         seq = self.active[row]
         if not self.prefix.max_bytes or seq.finish is None or seq.finish.type == "abort":
             return
+        if seq.version_events:  # it ran across a weight swap (in place): part old-weight KV
+            return
         tokens = (seq.prompt_ids + seq.output_ids)[:-1]
         T, n = self.mask_BT.shape[1], int(self.mask_BT[row].sum())
         if n != len(tokens):  # not this row's whole context: keep nothing rather than guess

@@ -162,6 +162,7 @@ class LoraServing:
             max_prefill_tokens=base.max_prefill_tokens,
             weight_version=version,
             priority=base.priority,
+            prefix_cache_bytes=base.prefix.max_bytes,  # --disable-radix-cache reaches it too
         )
 
     def _refuse(self, message: str, path: str = ""):

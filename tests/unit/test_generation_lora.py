@@ -142,3 +142,16 @@ def test_refusals(tiny_model, adapter):
             json={"lora_name": "t", "config_dict": {}, "serialized_named_tensors": [""]},
         )
         assert r.status_code == 400 and "/load_lora_adapter" in r.json()["error_message"]
+
+
+def test_adapter_engines_follow_the_base_engines_prefix_cache_setting(tiny_model, adapter):
+    """``--disable-radix-cache`` reaches every engine: each adapter's Engine is built from
+    the base engine's settings, its prefix cache size included."""
+    from spade_async.generation.server import make_engine_app
+
+    path, _ = adapter
+    for radix in (True, False):
+        app = make_engine_app(str(tiny_model), enable_lora=True, max_lora_rank=8, radix_cache=radix)
+        adapter_engine = app.lora._build(str(path), "v1")
+        assert (app.engine.prefix.max_bytes > 0) == radix
+        assert adapter_engine.prefix.max_bytes == app.engine.prefix.max_bytes

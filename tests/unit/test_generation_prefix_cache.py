@@ -114,6 +114,33 @@ def test_new_weights_a_flush_or_a_release_drop_the_cache(tiny_model):
         engine.stop()
 
 
+def test_a_request_that_ran_across_an_in_place_swap_is_not_kept(tiny_model):
+    """Paused in place, a running row keeps its KV across a weight swap and finishes on the
+    new weights (SGLang's in_place): its KV is part old weights, so it must not be kept."""
+    import time
+
+    model, tok = load_causal_lm(str(tiny_model))
+    engine = Engine(model, tok)
+    engine.start()
+    try:
+        seq = _seq("long", list(range(30, 50)), 60)
+        engine.submit([seq])
+        deadline = time.monotonic() + 60
+        while not (engine.active and engine.active[0].output_ids):
+            assert time.monotonic() < deadline, "the request never started decoding"
+            time.sleep(0.005)
+        engine.pause(abort=False)
+        engine.swap_model(copy.deepcopy(model), "1", abort=False).result(timeout=60)
+        engine.resume()
+        seq.future.result(timeout=120)
+        assert [v for v, _ in seq.version_events][:1] == ["0"]  # it did straddle the swap
+        assert len(engine.prefix) == 0
+        (short,) = _run(engine, [_seq("short", list(range(30, 40)), 3)])
+        assert len(engine.prefix) == 1  # one that ran on one version is kept
+    finally:
+        engine.stop()
+
+
 def test_a_context_the_cache_holds_whole_still_computes_its_last_token(tiny_model):
     model, tok = load_causal_lm(str(tiny_model))
     engine = Engine(model, tok)
