@@ -8,6 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from spade_async.generation.engine import Engine, Sequence, _length_groups
@@ -159,3 +160,29 @@ def test_packed_linear_is_used_only_while_its_weight_is_current(tiny_model):
         assert bool(((layer(x) - 2 * want).abs() <= 2 * bound).all())
     engine.release_memory(["weights"])
     assert packed.packed_layers(engine.model) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 2, 33])
+def test_packed_linear_with_bias_and_strided_input_matches_float64(rows):
+    """The packed path (oneDNN, dense in and out where torch has it) takes a bias and inputs
+    that are not contiguous, at every row count (one row runs another kernel)."""
+    from torch import nn
+
+    from spade_async.generation import packed
+
+    gen = torch.Generator().manual_seed(rows)
+    layer = nn.Linear(40, 24, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(24, 40, generator=gen))
+        layer.bias.copy_(torch.randn(24, generator=gen))
+    assert packed.pack(layer) == (1 if torch.backends.mkldnn.is_available() else 0)
+    x = torch.randn(40, rows, generator=gen).T  # (rows, 40), not contiguous
+    want = x.double() @ layer.weight.detach().double().T + layer.bias.detach().double()
+    size = x.double().abs() @ layer.weight.detach().double().abs().T + layer.bias.double().abs()
+    bound = reduction_bound(41) * size + EPS32 * want.abs()
+    with torch.no_grad():
+        got = layer(x)
+        got3 = layer(x.reshape(1, rows, 40))
+    assert got.shape == (rows, 24) and got3.shape == (1, rows, 24)
+    assert bool(((got - want).abs() <= bound).all())
+    assert bool(((got3[0] - want).abs() <= bound).all())
