@@ -154,7 +154,12 @@ QUICK = {"phase_steps": 2, "rounds": 1, "plays": 4, "turn_tokens": 8}
 
 
 def overrides(
-    model: Path, pool: Path, quick: bool, lookahead: int = 1, staleness: int = MAX_STALENESS
+    model: Path,
+    pool: Path,
+    quick: bool,
+    lookahead: int = 1,
+    staleness: int = MAX_STALENESS,
+    controller_core: int = -1,
 ) -> list[str]:
     """The run's settings; ``lookahead``: steps of groups the async producer may have in
     flight at once (see ``lookahead_steps``)."""
@@ -186,6 +191,7 @@ def overrides(
         "engine.cpus=[0]",
         "placement.trainer_threads=1",
         "placement.trainer_cpus=[1]",
+        f"placement.controller_cpus={[controller_core] if controller_core >= 0 else []}",
         "pipeline.groups_per_step=0",  # as many groups as a sync step plays: same work
         # admission by staleness decides when they start, within this many steps of groups
         f"pipeline.groups_in_flight={4 * lookahead}",
@@ -265,6 +271,7 @@ def measure(
     quick: bool,
     lookahead: int = 1,
     staleness: int = MAX_STALENESS,
+    controller_core: int = -1,
 ) -> tuple[list[dict], list[dict]]:
     from spade_async import recipe
     from spade_async.loop.runtime import open_runtime
@@ -272,7 +279,7 @@ def measure(
     from spade_async.telemetry.metrics import read_metrics
 
     w = QUICK if quick else FULL
-    cfg = recipe.load(None, overrides(model, pool, quick, lookahead, staleness))
+    cfg = recipe.load(None, overrides(model, pool, quick, lookahead, staleness, controller_core))
     run_dir = RunDir(tmp / "run").create()
     run_dir.write_config(cfg)
 
@@ -336,8 +343,9 @@ def main() -> None:
         help="three_stage: seconds each env step sleeps (default 1.0; 0.25 with --quick)",
     )  # fmt: skip
     ap.add_argument(
-        "--controller-core", type=int, default=None,
-        help="pin the controller (and the env workers it starts) to this core; default: free",
+        "--controller-core", type=int, default=0,
+        help="placement.controller_cpus: the core of the controller and the env workers it "
+        "starts (default 0, the CPU engine's, so the trainer's core is its own); -1: unpinned",
     )  # fmt: skip
     ap.add_argument("--phase-steps", type=int, default=0, help="override steps per phase")
     ap.add_argument("--rounds", type=int, default=0, help="override sync+async rounds")
@@ -381,14 +389,21 @@ def main() -> None:
             "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
         }
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        if args.controller_core is not None:  # engine and trainer pin themselves after spawn
-            os.sched_setaffinity(0, {args.controller_core})
+        if args.controller_core >= 0:
             hw["placement"] += f"; controller and env workers on core {args.controller_core}"
+        else:
+            hw["placement"] += "; controller and env workers unpinned"
         tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
         try:
             model, pool = workload(tmp, args.quick, sleep_s)
             phases, records = measure(
-                tmp, model, pool, args.quick, lookahead_steps(three, stale), stale
+                tmp,
+                model,
+                pool,
+                args.quick,
+                lookahead_steps(three, stale),
+                stale,
+                args.controller_core,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

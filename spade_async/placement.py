@@ -110,6 +110,13 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             f"placement.trainer_gpus = {pl.trainer_gpus}: list distinct GPU ids >= 0, one per rank"
         )
+    for name, cpus in (
+        ("engine.cpus", eng.cpus),
+        ("placement.trainer_cpus", pl.trainer_cpus),
+        ("placement.controller_cpus", pl.controller_cpus),
+    ):
+        if len(set(cpus)) != len(cpus) or any(c < 0 for c in cpus):
+            raise ConfigError(f"{name} = {list(cpus)}: list distinct CPU core ids >= 0 (nproc)")
     if pl.cpu_ranks < 1 or pl.trainer_threads < 0:
         raise ConfigError(
             f"placement.cpu_ranks = {pl.cpu_ranks}, trainer_threads = {pl.trainer_threads}: "

@@ -15,10 +15,49 @@ import subprocess
 import sys
 import time
 
+# the cores this process had before ``pin_self``: what a child without cores of its own gets,
+# so pinning the controller does not pin the engines and trainer ranks it starts with it
+_unpinned: tuple[int, ...] = ()
+
+
+def _set_all_threads(cpus: set[int]) -> None:
+    """sched_setaffinity(0) binds only the calling thread: set every thread of the process."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that ended meanwhile
+            pass
+
+
+def pin_self(cpus: list[int] | tuple[int, ...], what: str = "cpus") -> None:
+    """Pin this process (every thread, and the children it starts later) to ``cpus``; a
+    ValueError naming ``what`` if one of them is not available to it."""
+    global _unpinned
+    available = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - available)
+    if missing:
+        raise ValueError(
+            f"{what} = {list(cpus)}: core(s) {missing} are not available to this process "
+            f"(it may use {sorted(available)}); pick cores from that list"
+        )
+    if not _unpinned:
+        _unpinned = tuple(sorted(available))
+    _set_all_threads(set(cpus))
+
+
+def unpin_self() -> None:
+    """Undo ``pin_self``: every thread back on the cores it had before."""
+    global _unpinned
+    if _unpinned:
+        _set_all_threads(set(_unpinned))
+        _unpinned = ()
+
 
 def prefix(pid: int | None = None, *, cpus: list[int] | tuple[int, ...] = ()) -> list[str]:
     """argv prefix that wraps a command in the watchdog for this (or the given) process,
-    optionally pinned (with all its children) to the CPU cores ``cpus``."""
+    optionally pinned (with all its children) to the CPU cores ``cpus``; without cores of its
+    own, a child of a pinned controller gets the cores the controller had before its pin."""
+    cpus = tuple(cpus) or _unpinned
     pin = ["--cpus", ",".join(map(str, cpus))] if cpus else []
     return [sys.executable, "-m", "spade_async.watchdog", str(pid or os.getpid()), *pin, "--"]
 

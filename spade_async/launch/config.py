@@ -20,6 +20,11 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     cpu_ranks: Doc(int, "trainer ranks when trainer_gpus is empty (CPU, gloo)") = 1
     trainer_threads: Doc(int, "torch threads per trainer rank; 0 = torch's default") = 0
     trainer_cpus: Doc(list[int], "CPU cores the trainer ranks are pinned to; [] = no pinning") = []
+    controller_cpus: Doc(
+        list[int],
+        "CPU cores the controller (and the env workers it starts) is pinned to; [] = no "
+        "pinning. On a CPU-only machine, the CPU engine's cores keep the trainer's to itself",
+    ) = []
     colocate: Doc(
         bool, "engines and trainer may share GPUs and take turns; false = disjoint GPU sets"
     ) = False

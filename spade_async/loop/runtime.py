@@ -25,6 +25,7 @@ from spade_async.config import to_toml_dict
 from spade_async.corpus import Corpus, open_corpus
 from spade_async.engines import running_engines
 from spade_async.envs.pool import EnvPool
+from spade_async.errors import ConfigError
 from spade_async.generation.client import GenerationClient
 from spade_async.launch.external import attach
 from spade_async.launch.router import RoutedClient, running_router
@@ -261,6 +262,12 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
     store = MemoryStore(run_dir.memory, cfg.memory)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(store.close)
+        if cfg.placement.controller_cpus:  # before any child starts: env workers inherit it
+            try:
+                watchdog.pin_self(cfg.placement.controller_cpus, "placement.controller_cpus")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            stack.callback(watchdog.unpin_self)
         corpus = None
         if cfg.designer_enabled and cfg.designer.use_corpus:
             corpus = stack.enter_context(open_corpus(cfg.corpus))

@@ -255,3 +255,11 @@ def test_weight_push_contradictions_are_one_line():
 def test_plan_names_the_weight_path():
     text = placement.format_plan(_load(), [])
     assert "NCCL broadcast" in text
+
+
+def test_cpu_core_lists_checked():
+    for key in ("engine.cpus", "placement.trainer_cpus", "placement.controller_cpus"):
+        msg = _error(f"{key}=[0, 0]")
+        assert key in msg and "distinct CPU core ids" in msg
+        assert key in _error(f"{key}=[-1]")
+    assert _load("placement.controller_cpus=[0]").placement.controller_cpus == [0]

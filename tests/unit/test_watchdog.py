@@ -56,3 +56,52 @@ def _alive(pid: int) -> bool:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+PIN_SELF = r"""
+import os, subprocess, sys, threading
+from spade_async import watchdog
+
+before = os.sched_getaffinity(0)
+core = min(before)
+seen = {}
+started, go = threading.Event(), threading.Event()
+
+def early():  # a thread that exists before the pin must be pinned too
+    started.set(); go.wait()
+    seen["early"] = os.sched_getaffinity(0)
+
+t = threading.Thread(target=early); t.start(); started.wait()
+try:
+    watchdog.pin_self([max(before) + 1], "placement.controller_cpus")
+    sys.exit("pinned to a core it does not have")
+except ValueError as e:
+    assert "placement.controller_cpus" in str(e) and "\n" not in str(e), e
+assert os.sched_getaffinity(0) == before  # a refused pin changes nothing
+watchdog.pin_self([core])
+go.set(); t.join()
+assert seen["early"] == {core}, seen
+assert os.sched_getaffinity(0) == {core}
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+assert child == str([core]), child  # a plain child inherits the pin (env workers)
+wrapped = watchdog.prefix() + [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+out = subprocess.run(wrapped, capture_output=True, text=True, check=True).stdout.strip()
+assert out == str(sorted(before)), out  # an unpinned engine or rank gets the cores from before
+own = watchdog.prefix(cpus=[core]) + [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+assert subprocess.run(own, capture_output=True, text=True, check=True).stdout.strip() == str([core])
+watchdog.unpin_self()
+assert os.sched_getaffinity(0) == before
+assert watchdog.prefix()[-1] == "--"  # no pin left behind for later children
+print("ok")
+"""
+
+
+def test_pin_self_pins_every_thread_and_leaves_unpinned_children_their_cores():
+    """placement.controller_cpus: the controller (all its threads, and env workers it starts
+    after) runs on the given cores; engines and ranks without cores of their own keep the
+    controller's cores from before; a core it lacks is refused and changes nothing."""
+    out = subprocess.run(
+        [sys.executable, "-c", PIN_SELF], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
