@@ -14,7 +14,7 @@ BENCH = Path(__file__).parents[1] / "bench"
 
 
 @pytest.fixture(scope="module")
-def bound():
+def bench():
     sys.path.insert(0, str(BENCH))  # pipeline.py imports its sibling _hw
     try:
         spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH / "pipeline.py")
@@ -22,7 +22,29 @@ def bound():
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(BENCH))
-    return mod.schedule_bound
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bound(bench):
+    return bench.schedule_bound
+
+
+@pytest.mark.parametrize("quick", [False, True])
+@pytest.mark.parametrize("three", [False, True])
+def test_the_bench_settings_are_a_valid_config(bench, tmp_path, quick, three):
+    """Every override the bench sets names a real setting with a legal value (a renamed
+    config key fails here, not ten minutes into a run); three_stage ranks the engine's
+    requests by step and lets one step's rows decode at once."""
+    from spade_async import recipe
+
+    lookahead = bench.lookahead_steps(three)
+    sets = bench.overrides(tmp_path, tmp_path, quick, lookahead, 1, 0)
+    cfg = recipe.load(None, sets)
+    plays = (bench.QUICK if quick else bench.FULL)["plays"]
+    assert cfg.placement.controller_cpus == [0] and cfg.engine.cpus == [0]
+    assert cfg.engine.priority_scheduling is three
+    assert cfg.engine.max_running_requests == (4 * plays if three else 0)
 
 
 def test_trainer_bound_is_one_fill_then_a_step_per_step(bound):
