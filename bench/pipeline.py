@@ -280,25 +280,16 @@ def lookahead_steps(three: bool, staleness: int = MAX_STALENESS) -> int:
     return 1 + staleness if three else 1
 
 
-def measure(
-    tmp: Path,
-    model: Path,
-    pool: Path,
-    quick: bool,
-    lookahead: int = 1,
-    staleness: int = MAX_STALENESS,
-    controller_core: int = -1,
-    extra: tuple[str, ...] = (),
-) -> tuple[list[dict], list[dict]]:
+def measure(tmp: Path, settings: list[str], quick: bool) -> tuple[list[dict], list[dict]]:
+    """Warm-up, then the sync and async phases on one runtime with ``settings`` (config
+    overrides: ``overrides()`` and the user's ``--set``)."""
     from spade_async import recipe
     from spade_async.loop.runtime import open_runtime
     from spade_async.rundir import RunDir
     from spade_async.telemetry.metrics import read_metrics
 
     w = QUICK if quick else FULL
-    cfg = recipe.load(
-        None, [*overrides(model, pool, quick, lookahead, staleness, controller_core), *extra]
-    )
+    cfg = recipe.load(None, settings)
     run_dir = RunDir(tmp / "run").create()
     run_dir.write_config(cfg)
 
@@ -417,19 +408,26 @@ def main() -> None:
             hw["placement"] += f"; controller and env workers on core {args.controller_core}"
         else:
             hw["placement"] += "; controller and env workers unpinned"
+        look = lookahead_steps(three, stale)
+
+        def settings(model: Path, pool: Path) -> list[str]:
+            base = overrides(model, pool, args.quick, look, stale, args.controller_core)
+            return [*base, *args.extra]
+
+        from spade_async import recipe
+        from spade_async.errors import ConfigError
+
+        if args.controller_core >= 0 and args.controller_core not in os.sched_getaffinity(0):
+            refuse(f"--controller-core {args.controller_core}: not a core this process may use "
+                   f"({sorted(os.sched_getaffinity(0))}); -1 leaves the controller unpinned")  # fmt: skip
+        try:  # a bad --set: one line, before minutes of set-up
+            recipe.load(None, settings(ROOT, ROOT))
+        except ConfigError as e:
+            refuse(f"--set: {e}")
         tmp = Path(tempfile.mkdtemp(prefix="spade-bench-pipeline-"))
         try:
             model, pool = workload(tmp, args.quick, sleep_s)
-            phases, records = measure(
-                tmp,
-                model,
-                pool,
-                args.quick,
-                lookahead_steps(three, stale),
-                stale,
-                args.controller_core,
-                tuple(args.extra),
-            )
+            phases, records = measure(tmp, settings(model, pool), args.quick)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         sync, asyn = summarise(phases, records, "sync"), summarise(phases, records, "async")
