@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -248,6 +249,7 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
     rt.cfg = msgspec.structs.replace(cfg, schedule=schedule, max_steps=start + steps)
     busy0 = dict(rt.meters.state_dict()["busy_s"])
     dropped0 = rt.meters.counters.get("staleness/dropped", 0)
+    counters0 = dict(rt.meters.counters)
     t0, cpu0 = time.perf_counter(), time.process_time()
     if schedule == "sync":
         window = cycle.Window()
@@ -267,6 +269,12 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
         "busy_s": {k: busy1[k] - busy0.get(k, 0.0) for k in busy1},
         "staleness_dropped": rt.meters.counters.get("staleness/dropped", 0) - dropped0,
         "controller_cpu_s": cpu,
+        # what else happened (episode statuses, lost or refused episodes, worker restarts)
+        "counters": {
+            k: v - counters0.get(k, 0)
+            for k, v in rt.meters.counters.items()
+            if v != counters0.get(k, 0)
+        },
     }
 
 
@@ -327,6 +335,12 @@ def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
         "wall_s_per_phase": [round(p["wall_s"], 2) for p in mine],
         "busy_s": {k: round(sum(p["busy_s"].get(k, 0.0) for p in mine), 2) for k in stages},
         "trained_samples": int(sum(r.get("train/samples", 0) for r in recs)),
+        # {samples: steps}: one key when every step trained the same number
+        "samples_per_step": dict(Counter(str(int(r.get("train/samples", 0))) for r in recs)),
+        "counters": {
+            k: sum(p.get("counters", {}).get(k, 0) for p in mine)
+            for k in sorted({k for p in mine for k in p.get("counters", {})})
+        },
         "trained_tokens": int(sum(r.get("train/tokens", 0) for r in recs)),
         "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in recs), default=0),
         "staleness_dropped": sum(p["staleness_dropped"] for p in mine),
@@ -460,6 +474,16 @@ def main() -> None:
     # the ideal bound leaves out; with L > R (three_stage) at max_staleness 1 it exceeds the
     # ideal bound by more than the fills.
     steps, n_phases = asyn["steps"], asyn["phases"]
+    per_step_samples = len(ENVS) * (QUICK if args.quick else FULL)["plays"]
+    full = all(s["trained_samples"] == s["steps"] * per_step_samples for s in (sync, asyn))
+    if not full:
+        print(
+            f"warning: not the declared workload: {per_step_samples} samples per step expected, "
+            f"sync {sync.get('samples_per_step')}, async {asyn.get('samples_per_step')} "
+            f"({{samples: steps}}); counters: sync {sync.get('counters')}, "
+            f"async {asyn.get('counters')}",
+            file=sys.stderr,
+        )
     per_step = {k: v / steps for k, v in stage_min.items()}
     group_latency = 2 * sleep_s + per_step["engine"]
     bound = n_phases * schedule_bound(
@@ -485,6 +509,9 @@ def main() -> None:
         "async": asyn,
         # the premise: both schedules trained the same number of samples
         "same_workload": sync["trained_samples"] == asyn["trained_samples"],
+        # and the declared one: every step trained every environment's plays (a run where an
+        # environment dropped out has a smaller trainer stage, so its ratios are not this one's)
+        "full_workload": full,
         "ideal_bound_s": round(ideal, 2),
         # overlap can at best hide the smaller stage: sync wall / ideal
         "speedup_bound": round(sync["wall_s"] / ideal, 2) if ideal else None,
