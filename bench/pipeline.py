@@ -248,7 +248,6 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
     start = rt.state.step
     rt.cfg = msgspec.structs.replace(cfg, schedule=schedule, max_steps=start + steps)
     busy0 = dict(rt.meters.state_dict()["busy_s"])
-    dropped0 = rt.meters.counters.get("staleness/dropped", 0)
     counters0 = dict(rt.meters.counters)
     t0, cpu0 = time.perf_counter(), time.process_time()
     if schedule == "sync":
@@ -267,9 +266,9 @@ async def run_phase(rt, cfg, schedule: str, steps: int) -> dict:
         "steps": rt.state.step - start,
         "wall_s": wall,
         "busy_s": {k: busy1[k] - busy0.get(k, 0.0) for k in busy1},
-        "staleness_dropped": rt.meters.counters.get("staleness/dropped", 0) - dropped0,
         "controller_cpu_s": cpu,
-        # what else happened (episode statuses, lost or refused episodes, worker restarts)
+        # what the phase moved: staleness drops, episode statuses, lost or refused episodes,
+        # worker restarts
         "counters": {
             k: v - counters0.get(k, 0)
             for k, v in rt.meters.counters.items()
@@ -328,6 +327,10 @@ def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
     steps = {s for p in mine for s in range(p["first_step"], p["first_step"] + p["steps"])}
     recs = [r for r in records if r["step"] in steps]
     stages = sorted({k for p in mine for k in p["busy_s"]})
+    counters = {
+        k: sum(p["counters"].get(k, 0) for p in mine)
+        for k in sorted({k for p in mine for k in p["counters"]})
+    }
     return {
         "phases": len(mine),
         "steps": len(steps),
@@ -337,13 +340,10 @@ def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
         "trained_samples": int(sum(r.get("train/samples", 0) for r in recs)),
         # {samples: steps}: one key when every step trained the same number
         "samples_per_step": dict(Counter(str(int(r.get("train/samples", 0))) for r in recs)),
-        "counters": {
-            k: sum(p.get("counters", {}).get(k, 0) for p in mine)
-            for k in sorted({k for p in mine for k in p.get("counters", {})})
-        },
+        "counters": counters,
         "trained_tokens": int(sum(r.get("train/tokens", 0) for r in recs)),
         "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in recs), default=0),
-        "staleness_dropped": sum(p["staleness_dropped"] for p in mine),
+        "staleness_dropped": counters.get("staleness/dropped", 0),
         # the controller (event loop, templating, HTTP, scoring) shares the two cores
         "controller_cpu_s": round(sum(p["controller_cpu_s"] for p in mine), 2),
         "engines_paused_for_push_s": round(sum(r.get("train/push_paused_s", 0.0) for r in recs), 2),

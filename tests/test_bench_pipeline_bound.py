@@ -87,16 +87,21 @@ def test_summary_shows_a_step_that_trained_fewer_samples_and_why(bench):
     ({samples: steps}) and the counters each phase moved, summed over the schedule's phases."""
     phases = [
         {"schedule": "async", "first_step": 1, "steps": 2, "wall_s": 3.0, "busy_s": {"engine": 1.0},
-         "staleness_dropped": 0, "controller_cpu_s": 0.5,
-         "counters": {"agent/status/terminated": 32, "agent/status/crashed": 8}},
+         "controller_cpu_s": 0.5,
+         "counters": {"agent/status/terminated": 32, "agent/status/crashed": 8, "staleness/dropped": 2}},
         {"schedule": "async", "first_step": 3, "steps": 1, "wall_s": 2.0, "busy_s": {"engine": 2.0},
-         "staleness_dropped": 0, "controller_cpu_s": 0.5,
-         "counters": {"agent/status/terminated": 32}},
+         "controller_cpu_s": 0.5,
+         "counters": {"agent/status/terminated": 32, "staleness/dropped": 1}},
         {"schedule": "sync", "first_step": 4, "steps": 1, "wall_s": 9.0, "busy_s": {"engine": 5.0},
-         "staleness_dropped": 0, "controller_cpu_s": 0.5, "counters": {"agent/status/terminated": 99}},
+         "controller_cpu_s": 0.5, "counters": {"agent/status/terminated": 99}},
     ]  # fmt: skip
     records = [{"step": s, "train/samples": n} for s, n in ((1, 32), (2, 24), (3, 32), (4, 32))]
     got = bench.summarise(phases, records, "async")
     assert got["trained_samples"] == 88
     assert got["samples_per_step"] == {"32": 2, "24": 1}
-    assert got["counters"] == {"agent/status/crashed": 8, "agent/status/terminated": 64}
+    assert got["counters"] == {
+        "agent/status/crashed": 8,
+        "agent/status/terminated": 64,
+        "staleness/dropped": 3,
+    }
+    assert got["staleness_dropped"] == 3
