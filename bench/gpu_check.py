@@ -47,19 +47,14 @@ BENCH = Path(__file__).resolve().parent
 
 
 def make_importable() -> None:
-    """Repo root on sys.path; ``spade_kernels`` -> kernels/ when the project isn't installed."""
-    for p in (str(ROOT), str(BENCH)):
+    """Repo root, bench/ and kernels/ on sys.path: ``spade_kernels`` lives in kernels/.
+
+    The root's ``kernels/`` folder has no ``__init__.py`` on purpose: the bare name ``kernels``
+    belongs to Hugging Face's package, which transformers imports.
+    """
+    for p in (str(ROOT), str(BENCH), str(ROOT / "kernels")):
         if p not in sys.path:
             sys.path.insert(0, p)
-    if importlib.util.find_spec("spade_kernels") is None:
-        spec = importlib.util.spec_from_file_location(
-            "spade_kernels",
-            ROOT / "kernels" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "kernels")],
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["spade_kernels"] = module
-        spec.loader.exec_module(module)
 
 
 make_importable()
