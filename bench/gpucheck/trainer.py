@@ -1,6 +1,7 @@
 """Peak and trainer parts: measured matmul peak; the project's Trainer as one FSDP2 rank.
 
-The trainer part starts a world-size-1 process group (NCCL on CUDA, gloo on CPU, env://),
+The trainer part starts a world-size-1 process group (``cpu:gloo,cuda:nccl`` on CUDA, as
+trainer/main.py does under optimizer offload, which the scale part runs; gloo on CPU; env://),
 writes a random Qwen3-shaped model (bf16 safetensors, in /dev/shm when it has 8 GiB free), builds
 ``spade_async.trainer.step.Trainer`` on it (fp32 masters, bf16 compute, FSDP2 per decoder
 block, the varlen attention the trainer picks) and times packed ``train_step``s on a
@@ -62,9 +63,13 @@ def _init_dist(device: str) -> None:
         WORLD_SIZE="1",
         LOCAL_RANK="0",
     )
+    from spade_async.trainer.main import backend
+
     if device == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method="env://")
+    # one group for every part: the scale part's offload step moves CPU tensors (its
+    # state-dict broadcast and gradient-norm all-reduce), so cpu:gloo,cuda:nccl on CUDA
+    dist.init_process_group(backend(device == "cuda", "optimizer"), init_method="env://")
 
 
 def _sweep_stale(root: str) -> None:

@@ -301,6 +301,7 @@ def load_policy(
             attn_implementation=impl,
             wrap=lambda lm: _wrap(cfg, lm, device),
             adapt=adapt,
+            offload=cfg.offload == "optimizer",  # shards on the host (sharded.placement)
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation=impl, **experts_kwargs(model_dir)
