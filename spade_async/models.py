@@ -164,6 +164,37 @@ def tiny_model_dir(
     return _atomic_dir(path, build)
 
 
+def tiny_moe_dir(
+    path: str | Path, *, tokenizer: str = "smollm2-135m-instruct", experts: int = 8,
+    topk: int = 2, num_layers: int = 2, hidden_size: int = 64, seed: int = 0,
+) -> Path:  # fmt: skip
+    """Write a random-initialised Qwen3-MoE (``tokenizer``'s tokenizer) to ``path``: every
+    layer sparse, ``experts`` experts, ``topk`` per token (routing replay's tests, bench)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(tokenizer))
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size // 2, num_experts=experts, num_experts_per_tok=topk,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=4096, decoder_sparse_step=1, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config)
+
+    def build(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    return _atomic_dir(path, build)
+
+
 def load_causal_lm(name: str | Path, *, dtype: str = "float32"):
     """(model, tokenizer) for a causal LM, in eval mode; bad paths become one ConfigError line."""
     import torch

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from spade_async.generation import packed, ragged
+from spade_async.generation import packed, ragged, route_capture
 from spade_async.generation.kv_cache import PrefixCache, cache_kw, left_pad, slab_cache
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.priority import PriorityPolicy, preemption_victim, waiting_order
@@ -65,6 +65,11 @@ class Sequence:
     priority: int = 0  # the waiting queue's order under priority scheduling (Engine)
     arrival: int = 0  # submission order (ties of priority; the newest is preempted first)
     preemptions: int = 0  # times it was taken out of the batch for a higher priority
+    # --enable-return-routed-experts and the request asked (route_capture.py): the rows
+    # from route_start on; routes holds (first position, ids [n, L, K]) per forward
+    want_routes: bool = False
+    route_start: int = 0
+    routes: list = field(default_factory=list)
 
     def context(self) -> list[int]:
         """What a prefill runs on: the prompt, and the tokens generated before a preemption
@@ -97,6 +102,7 @@ class Engine:
         weight_version: str = "0",
         priority: PriorityPolicy | None = None,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        routed_experts: bool = False,
     ) -> None:
         """``priority`` (SGLang's ``--enable-priority-scheduling`` and its flags): when
         enabled, the waiting queue is taken in priority order, then first come first served
@@ -106,8 +112,12 @@ class Engine:
         (the newest among equals) goes back to the queue with its tokens so far, and resumes
         from them. ``prefix_cache_bytes``: room for finished requests' KV, so that the next
         turn of a conversation prefills only its new tokens (``PrefixCache``; 0 turns it off,
-        SGLang's ``--disable-radix-cache``)."""
+        SGLang's ``--disable-radix-cache``). ``routed_experts``: SGLang's
+        ``--enable-return-routed-experts`` (route_capture.py)."""
         self.model = model
+        self.routed_experts = routed_experts
+        if routed_experts:
+            route_capture.of(model)  # hooks on its routers before the first forward
         ragged.enable(model)
         packed.pack(model)
         self.tokenizer = tokenizer
@@ -320,6 +330,8 @@ class Engine:
             if seq.output_ids:
                 seq.version_events.append((self.weight_version, len(seq.output_ids)))
         self.model, self.weight_version = swap.model, swap.version
+        if self.routed_experts:
+            route_capture.of(self.model)
         self.prefix.clear()  # KV computed under the old weights is never reused
         ragged.enable(self.model)
         packed.pack(self.model)
@@ -345,6 +357,8 @@ class Engine:
             cold = []
             for seq in seqs:
                 n, kv = self.prefix.longest(seq.context())
+                if seq.want_routes:  # cached tokens' routes are gone: recompute from the start
+                    n = min(n, seq.route_start)
                 if n:
                     warm.append((seq, n, kv))
                 else:
@@ -384,6 +398,7 @@ class Engine:
                     values[g, :, P - p :] = v[:, :p]
             cache.update(keys, values, layer)
         logits_GV = self._prefill_logits(ids_GS, mask_GT, pos_GS, cache)
+        self._keep_routes(seqs, range(G), S, [len(c) - S for c in contexts], [S] * G)
         self._merge(seqs, cache, mask_GT)
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += G * S
@@ -418,6 +433,8 @@ class Engine:
         pos_UL = (mask_UL.cumsum(1) - 1).clamp(min=0)
         cache = slab_cache()
         logits_GV = self._prefill_logits(ids_UL, mask_UL, pos_UL, cache)
+        n_G = [len(s.context()) for s in seqs]
+        self._keep_routes(seqs, row_of, L, [0] * len(seqs), n_G)
         mask_GL = mask_UL
         if U < len(seqs):
             rows_G = torch.tensor(row_of, dtype=torch.long)
@@ -445,9 +462,15 @@ class Engine:
                 **{cache_kw(self.model): self.cache},
             )
         self.mask_BT = mask_BT
+        pos_B = [len(s.prompt_ids) + len(s.output_ids) - 1 for s in self.active]
+        self._keep_routes(self.active, range(B), 1, pos_B, [1] * B)
         self.stats["decode_steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], B)
         self._sample_and_finish(out.logits[:, -1, :], self.active)
+
+    def _keep_routes(self, seqs, rows, width: int, first_pos: list[int], n: list[int]) -> None:
+        if self.routed_experts:  # the last forward's routes to the sequences that want them
+            route_capture.keep(self.model, seqs, rows, width, first_pos, n)
 
     def _merge(self, seqs: list[Sequence], cache: Any, mask_GL: torch.Tensor) -> None:
         if not self.active:

@@ -17,7 +17,8 @@ One response per prompt (a list for a batch)::
      "meta_info": {"id": rid, "prompt_tokens": int, "completion_tokens": int,
                    "finish_reason": {"type": "stop"|"length"|"abort", "matched": int|str|None},
                    "weight_version": str,
-                   "output_token_logprobs": [[logprob, token_id, text_or_null], ...]}}
+                   "output_token_logprobs": [[logprob, token_id, text_or_null], ...],
+                   "routed_experts": base64 (MoE, when asked: routed_experts.py)}}
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class GenerateReqInput(
     # the waiting queue's order when the server runs --enable-priority-scheduling (one value
     # for every prompt of the request, as SGLang's batch split copies it)
     priority: int | None = None
+    # MoE routing replay (routed_experts.py): the top-k experts of every token from
+    # ``routed_experts_start_len`` (0..prompt length; the server needs
+    # --enable-return-routed-experts) to the last one before the final sampled token
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
     # Fields sglang-router (0.3.x) adds when it forwards a request (SGLang's own names);
     # accepted so the CPU engine can sit behind the router. The server rejects the ones it
     # cannot honour. (The router's OpenAI-style ``model`` is in the server's own struct.)
@@ -128,6 +134,9 @@ class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     weight_version: str = "default"  # the weights of the last generated token
     weight_versions: list[WeightVersionSpan] | None = None  # per token span, oldest first
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    # base64 int32 [rows, layers, top_k] (routed_experts.py); SGLang's tokenizer manager
+    # writes it by hand (the typed v1 GenerateMetaInfo lacks it)
+    routed_experts: str | None = None
 
     def oldest_version(self) -> str:
         """The oldest weights any output token was generated with (the turn's policy)."""

@@ -126,6 +126,7 @@ class EngineApp(ControlRoutes):
                 self._sequences(p, sp, rid, priority)
                 for p, sp, rid in zip(prompts, params, rids, strict=True)
             ]
+            self._want_routes(req, prompts, seqs)
         except (msgspec.ValidationError, msgspec.DecodeError, BadRequest) as exc:
             return _error(str(exc))
         except PriorityRefused as exc:
@@ -142,6 +143,28 @@ class EngineApp(ControlRoutes):
             return _error(f"generation failed: {type(exc).__name__}: {exc}", status=500)
         outs = [self._output(s, req) for s in done]
         return _json(outs[0] if single and len(outs) == 1 else outs)
+
+    def _want_routes(self, req: GenerateReqInput, prompts, seqs) -> None:
+        """SGLang's scheduler rule for ``routed_experts_start_len`` (refused below 0 or above
+        the prompt's length, whether or not the server captures routes); the routes come
+        back only with ``--enable-return-routed-experts``."""
+        if not req.return_routed_experts:
+            return
+        start = req.routed_experts_start_len
+        for prompt, group in zip(prompts, seqs, strict=True):
+            if start < 0:
+                raise BadRequest(
+                    f"routed_experts_start_len={start} is lower than 0. Please use a non-negative "
+                    "routed_experts_start_len."
+                )
+            if start > len(prompt):
+                raise BadRequest(
+                    f"routed_experts_start_len={start} is higher than the number of input tokens "
+                    f"{len(prompt)}. "
+                    "Please use a smaller routed_experts_start_len."
+                )
+            for seq in group:
+                seq.want_routes, seq.route_start = self.engine.routed_experts, start
 
     def _engines(self, lora_path, n: int) -> list:
         """The engine of each prompt: the base, or the adapter its ``lora_path`` names."""
@@ -267,8 +290,19 @@ class EngineApp(ControlRoutes):
             weight_version=seq.weight_version,
             weight_versions=_spans(seq.version_events),
             output_token_logprobs=logprobs,
+            routed_experts=_routes(seq),
         )
         return GenerateOutput(text=text, output_ids=list(ids), meta_info=meta)
+
+
+def _routes(seq: Sequence) -> str | None:
+    if not seq.want_routes:
+        return None
+    from spade_async.generation.route_capture import assemble
+    from spade_async.generation.routed_experts import encode_sglang
+
+    seqlen = len(seq.prompt_ids) + len(seq.output_ids)
+    return encode_sglang(assemble(seq.routes, seqlen, min(seq.route_start, seqlen - 1)))
 
 
 def _spans(events: list[tuple[str, int]]) -> list[WeightVersionSpan]:
@@ -341,16 +375,28 @@ def make_engine_app(
     max_lora_rank: int = 0,
     priority: PriorityPolicy | None = None,
     radix_cache: bool = True,
+    routed_experts: bool = False,
 ) -> EngineApp:
     """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model.
     ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``;
     ``priority``: SGLang's priority scheduling (``PriorityPolicy``); ``radix_cache=False``
-    (``--disable-radix-cache``) keeps no finished request's KV for its next turn."""
+    (``--disable-radix-cache``) keeps no finished request's KV for its next turn;
+    ``routed_experts`` (``--enable-return-routed-experts``, MoE models only) returns each
+    request's routes when it asks (route_capture.py)."""
     from spade_async.models import load_causal_lm, resolve_model
 
     path = str(resolve_model(model))
     lm, tokenizer = load_causal_lm(path, dtype=dtype)
     ctx = context_length or int(getattr(lm.config, "max_position_embeddings", 0) or 4096)
+    if routed_experts:
+        from spade_async.errors import ConfigError
+        from spade_async.generation.routed_experts import route_shape
+
+        if route_shape(lm.config) is None:
+            raise ConfigError(
+                f"--enable-return-routed-experts: {path} is a dense model (no MoE router); "
+                "drop the flag"
+            )
     engine = Engine(
         lm,
         tokenizer,
@@ -358,6 +404,7 @@ def make_engine_app(
         weight_version=weight_version,
         priority=priority,
         prefix_cache_bytes=PREFIX_CACHE_BYTES if radix_cache else 0,
+        routed_experts=routed_experts,
     )
     app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
     app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
@@ -419,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         "--disable-radix-cache", action="store_true",
         help="keep no finished request's KV for the next turn of its conversation",
     )  # fmt: skip
+    parser.add_argument(
+        "--enable-return-routed-experts", action="store_true",
+        help="return each request's MoE routes when it asks (SGLang's flag; MoE models only)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     from spade_async.errors import SpadeError
 
@@ -434,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_lora=args.enable_lora,
             max_lora_rank=args.max_lora_rank,
             radix_cache=not args.disable_radix_cache,
+            routed_experts=args.enable_return_routed_experts,
             priority=PriorityPolicy(
                 enabled=args.enable_priority_scheduling,
                 low_first=args.schedule_low_priority_values_first,
