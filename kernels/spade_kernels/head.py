@@ -22,7 +22,7 @@ by T / (V / D).
 The closed form. Per token t: z = logits / temperature, p = softmax(z), y the target,
 lp = z_y - lse(z), H = -sum_v p_v log p_v. Inputs: advantage A, old log-prob o (None: the
 current policy itself, detached, so ratio = 1), rollout log-prob q (TIS), reference log-prob
-r (k3 KL), per-token aggregation weight w (``loss.loss_weights``: mask / denominator for
+r (low_var_kl), per-token aggregation weight w (``loss.loss_weights``: mask / denominator for
 "token", mask / (n_s * denominator) for "seq-mean-token-mean", mask / denominator for
 "seq-mean-token-sum"; every ``loss_agg`` is a weighted token sum with weights known before
 the pass), clip range [1 - eps_lo, 1 + eps_hi], TIS cap c, KL coefficient beta, entropy
@@ -30,15 +30,15 @@ coefficient eta:
 
     rho   = exp(lp - o)
     pg    = max(pg1, pg2),  pg1 = -A rho,  pg2 = -A clamp(rho, 1 - eps_lo, 1 + eps_hi)
-    tau   = min(exp(o - q), c)      (detached; 1 without q)
-    k3    = exp(r - lp) - (r - lp) - 1
-    l_t   = tau pg + beta k3 - eta H,          loss = sum_t w_t l_t
+    tau   = min(exp(o - q), c)      (detached; 1 without q; exp(lp - q) with tis_current)
+    k3    = exp(r - lp) - (r - lp) - 1,   kl = clamp(k3, -10, 10)   (slime's low_var_kl)
+    l_t   = tau pg + beta kl - eta H,          loss = sum_t w_t l_t
 
     d pg / d lp = -A rho (a + (1 - a) [1 - eps_lo <= rho <= 1 + eps_hi]),
                   a = 1 if pg1 > pg2, 1/2 if pg1 == pg2, 0 otherwise   (torch.maximum's and
                   torch.clamp's subgradients, so this equals autograd through policy_loss)
-    d k3 / d lp = 1 - exp(r - lp)
-    g_lp = w (tau d pg / d lp + beta d k3 / d lp),     g_H = -w eta
+    d kl / d lp = (1 - exp(r - lp)) [-10 <= k3 <= 10]     (torch.clamp's gradient)
+    g_lp = w (tau d pg / d lp + beta d kl / d lp),     g_H = -w eta
 
     d lp / d z_v = [v = y] - p_v
     d H  / d z_v = -p_v (log p_v + H)
@@ -69,6 +69,7 @@ from typing import NamedTuple
 import torch
 
 from .logprob import acc_dtype
+from .loss import LOW_VAR_KL_CLAMP
 
 __all__ = [
     "HeadOut",
@@ -103,12 +104,14 @@ class PolicyTerms:
     advantage_T: torch.Tensor
     old_logprob_T: torch.Tensor | None = None  # None: the current policy (detached)
     rollout_logprob_T: torch.Tensor | None = None  # TIS weight min(exp(old - rollout), cap)
-    ref_logprob_T: torch.Tensor | None = None  # k3 KL target (used when kl_coef != 0)
+    ref_logprob_T: torch.Tensor | None = None  # low_var_kl target (used when kl_coef != 0)
     clip_low: float = 0.2
     clip_high: float = 0.28
     tis_cap: float = 2.0
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    tis_current: bool = False  # TIS weight min(exp(lp - rollout), cap), lp detached (slime's
+    # --use-rollout-logprobs --use-tis: the ratio is against the rollout)
 
     def index(self, index: torch.Tensor | slice) -> PolicyTerms:
         """The same terms restricted to some tokens (a slice or an index tensor)."""
@@ -157,14 +160,17 @@ def token_terms(
     inside = ((ratio >= lo) & (ratio <= hi)).to(acc)
     d_pg = -adv * ratio * (a + (1 - a) * inside)
     if terms.rollout_logprob_T is not None:
-        tau = (old - terms.rollout_logprob_T.to(acc)).exp().clamp(max=terms.tis_cap)
+        base = lp_C if terms.tis_current else old
+        tau = (base - terms.rollout_logprob_T.to(acc)).exp().clamp(max=terms.tis_cap)
         pg, d_pg = tau * pg, tau * d_pg
     loss, g = pg, d_pg
     if terms.kl_coef:
         d = terms.ref_logprob_T.to(acc) - lp_C
         ed = d.exp()
-        loss = loss + terms.kl_coef * (ed - d - 1.0)
-        g = g + terms.kl_coef * (1.0 - ed)
+        k3 = ed - d - 1.0
+        inside = (k3 >= -LOW_VAR_KL_CLAMP) & (k3 <= LOW_VAR_KL_CLAMP)
+        loss = loss + terms.kl_coef * k3.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
+        g = g + torch.where(inside, terms.kl_coef * (1.0 - ed), 0.0)
     g_ent = None
     if terms.entropy_coef:
         loss = loss - terms.entropy_coef * ent_C

@@ -1,4 +1,4 @@
-"""Policy loss: PPO/GRPO clipped surrogate with asymmetric clipping, TIS, k3 KL, entropy bonus.
+"""Policy loss: PPO/GRPO clipped surrogate with asymmetric clipping, TIS, low_var_kl, entropy.
 
 Shape legend: T tokens (a flat packed batch, or [B, L] where each row is one sequence),
 S sequences (bins indexed by seq_ids_T; S <= T).
@@ -6,8 +6,14 @@ S sequences (bins indexed by seq_ids_T; S <= T).
 Per token (all terms masked by mask_T):
     ratio_T = exp(logprob - old_logprob)
     pg_T    = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
-    tis_T   = min(exp(old_logprob - rollout_logprob), tis_cap), detached    (if rollout given)
-    kl_T    = exp(ref - logprob) - (ref - logprob) - 1                      (k3, if ref given)
+    tis_T   = min(exp(base - rollout_logprob), tis_cap), detached            (if rollout given)
+              base = old_logprob, or with tis_current the current logprob (slime's
+              --use-rollout-logprobs --use-tis: the ratio is against the rollout, the weight
+              compares the trainer's own log-prob with it; slime vanilla_tis_function)
+    kl_T    = clamp(exp(ref - logprob) - (ref - logprob) - 1, -10, 10)      (if ref given)
+              slime's low_var_kl (ppo_utils.compute_approx_kl): k3 clamped to [-10, 10],
+              value and gradient (0 outside; k3 >= 0, so only the upper edge bites: where
+              ref - logprob > ~2.61 or < ~-11.0)
     loss_T  = tis_T * pg_T + kl_coef * kl_T - entropy_coef * entropy_T
 
 Aggregation (`agg`), with `loss_scale_denominator` the caller's GLOBAL count so that the
@@ -16,7 +22,10 @@ loss and its gradient are the same however a batch is split into micro-batches:
     "seq-mean-token-mean": sum_S (sum_{t in s} mask*loss / n_s) / denominator  (sequences)
     "seq-mean-token-sum":  sum_S (sum_{t in s} mask*loss) / denominator        (sequences)
 Without a denominator the local count is used (this call's loss tokens, or sequences with at
-least one loss token). For sequence aggregation each sequence must sit whole in one call.
+least one loss token). For sequence aggregation each sequence must sit whole in one call,
+unless ``seq_tokens_T`` gives n_s per token from the whole batch: a "sequence" is then any
+unit of the mean, e.g. an episode whose turns are several samples (slime's group_mask_sums:
+one token mean per group).
 
 Pure functions: no .item(), no host sync; metrics are detached 0-d tensors. Metrics are
 means over this call's loss tokens; combine micro-batches weighted by metrics["tokens"].
@@ -26,9 +35,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["AGGREGATIONS", "loss_weights", "policy_loss"]
+__all__ = ["AGGREGATIONS", "LOW_VAR_KL_CLAMP", "loss_weights", "low_var_kl", "policy_loss"]
 
 AGGREGATIONS = ("token", "seq-mean-token-mean", "seq-mean-token-sum")
+LOW_VAR_KL_CLAMP = 10.0  # slime ppo_utils.compute_approx_kl: clamp(kl, min=-10, max=10)
+
+
+def low_var_kl(d_T: torch.Tensor) -> torch.Tensor:
+    """slime's low_var_kl of d = ref - logprob: k3 = exp(d) - d - 1 clamped to [-10, 10]
+    (torch.clamp: gradient 1 - exp(d) inside the closed interval, 0 outside)."""
+    return (d_T.exp() - d_T - 1.0).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
 
 
 def _seq_ids(
@@ -61,11 +77,13 @@ def loss_weights(
     seq_ids_T: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     loss_scale_denominator: float | torch.Tensor | None = None,
+    seq_tokens_T: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token weights w (flat [T], fp32; fp64 for an fp64 mask) with
     ``policy_loss(...) == sum_t w_t * loss_t`` for every ``agg``: mask / denominator
     ("token", "seq-mean-token-sum") or mask / (n_s * denominator) ("seq-mean-token-mean",
-    n_s the loss tokens of the token's sequence). Same denominators as policy_loss."""
+    n_s the loss tokens of the token's sequence, or ``seq_tokens_T`` when given: the
+    whole batch's count for the token's unit). Same denominators as policy_loss."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg={agg!r} is not one of {AGGREGATIONS}")
     mask = mask_T.to(torch.promote_types(mask_T.dtype, torch.float32))
@@ -75,6 +93,11 @@ def loss_weights(
             flat.sum().clamp(min=1) if loss_scale_denominator is None else loss_scale_denominator
         )
         return flat / denom
+    if seq_tokens_T is not None and loss_scale_denominator is not None:
+        if agg == "seq-mean-token-sum":
+            return flat / loss_scale_denominator
+        n_T = seq_tokens_T.reshape(-1).to(flat.dtype).clamp(min=1)
+        return flat / (n_T * loss_scale_denominator)
     ids = _seq_ids(mask_T.shape, mask.device, seq_ids_T, cu_seqlens)
     seq_n_S = flat.new_zeros(flat.numel()).index_add_(0, ids, flat)
     if loss_scale_denominator is None:
@@ -108,6 +131,8 @@ def policy_loss(
     seq_ids_T: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     loss_scale_denominator: float | torch.Tensor | None = None,
+    seq_tokens_T: torch.Tensor | None = None,
+    tis_current: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss (scalar) and detached metrics; see the module docstring."""
     if agg not in AGGREGATIONS:
@@ -124,12 +149,15 @@ def policy_loss(
         "rollout_logprob_T": rollout_logprob_T,
         "ref_logprob_T": ref_logprob_T,
         "entropy_T": entropy_T,
+        "seq_tokens_T": seq_tokens_T,
     }
     for name, t in named.items():
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != logprob_T shape {tuple(shape)}")
     if kl_coef and ref_logprob_T is None:
         raise ValueError(f"kl_coef={kl_coef} needs ref_logprob_T")
+    if seq_tokens_T is not None and loss_scale_denominator is None:
+        raise ValueError("seq_tokens_T (whole-batch unit counts) needs loss_scale_denominator")
     if entropy_coef and entropy_T is None:
         raise ValueError(f"entropy_coef={entropy_coef} needs entropy_T (return_entropy=True)")
 
@@ -157,13 +185,13 @@ def policy_loss(
             ((ratio > 1.0 + clip_high) & (adv > 0)).float(), mask, n_tok
         )
     if rollout_logprob_T is not None:
-        tis = (old_logprob_T.to(acc) - rollout_logprob_T.to(acc)).exp().clamp(max=tis_cap).detach()
+        base = logprob.detach() if tis_current else old_logprob_T.to(acc)
+        tis = (base - rollout_logprob_T.to(acc)).exp().clamp(max=tis_cap).detach()
         loss_tok = loss_tok * tis
         metrics["tis_mean"] = _masked_mean(tis, mask, n_tok)
         metrics["tis_capped_frac"] = _masked_mean((tis >= tis_cap).float(), mask, n_tok)
     if ref_logprob_T is not None:
-        d = ref_logprob_T.to(acc) - logprob
-        kl = d.exp() - d - 1.0
+        kl = low_var_kl(ref_logprob_T.to(acc) - logprob)
         metrics["kl"] = _masked_mean(kl, mask, n_tok)
         if kl_coef:
             loss_tok = loss_tok + kl_coef * kl
@@ -176,6 +204,11 @@ def policy_loss(
     if agg == "token":
         denom = n_tok.clamp(min=1) if loss_scale_denominator is None else loss_scale_denominator
         loss = masked.sum() / denom
+    elif seq_tokens_T is not None:  # units spanning calls: whole-batch counts
+        w = loss_weights(
+            mask, agg, loss_scale_denominator=loss_scale_denominator, seq_tokens_T=seq_tokens_T
+        )
+        loss = (loss_tok.reshape(-1) * w).sum()
     else:
         ids = _seq_ids(shape, logprob.device, seq_ids_T, cu_seqlens)
         bins = masked.numel()

@@ -4,8 +4,8 @@ Shape legend: C rows (tokens) in one chunk, V vocabulary size, BLOCK_V columns p
 
 Each program sweeps its row of raw logits twice: first the online max / sum exp / centred
 sum e (z - max) (log-sum-exp, target log-prob, entropy), then, after the per-token loss
-scalars of head.py's closed form (ratio, clip, TIS, k3 KL, entropy bonus, aggregation
-weight) are computed in registers, a second sweep writes d loss / d logits over the logits
+scalars of head.py's closed form (ratio, clip, TIS, low_var_kl: k3 clamped to [-10, 10]
+with a zero gradient outside, entropy bonus, aggregation weight) are computed in registers, a second sweep writes d loss / d logits over the logits
 in place. No C x V temporaries; the GEMMs stay in cuBLAS. fp64 rows use head.TorchHeadRows.
 
 Side effects: importing triton. Set TRITON_INTERPRET=1 before triton is imported to run on
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .head import TorchHeadRows
+from .loss import LOW_VAR_KL_CLAMP
 
 __all__ = ["TritonHeadRows"]
 
@@ -45,7 +46,9 @@ def _head_rows(
     loss_out,
     HAS_OLD: tl.constexpr,
     HAS_TIS: tl.constexpr,
+    TIS_CURRENT: tl.constexpr,
     HAS_KL: tl.constexpr,
+    KL_CLAMP: tl.constexpr,
     NEED_ENT: tl.constexpr,
     ENT_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -91,7 +94,11 @@ def _head_rows(
     inside = tl.where((ratio >= lo) & (ratio <= hi), 1.0, 0.0)
     d_pg = -adv * ratio * (a + (1.0 - a) * inside)
     if HAS_TIS:
-        tau = tl.minimum(tl.exp(old - tl.load(roll_ptr + row).to(tl.float32)), tis_cap)
+        if TIS_CURRENT:
+            base = lp
+        else:
+            base = old
+        tau = tl.minimum(tl.exp(base - tl.load(roll_ptr + row).to(tl.float32)), tis_cap)
         pg = tau * pg
         d_pg = tau * d_pg
     loss = pg
@@ -99,8 +106,10 @@ def _head_rows(
     if HAS_KL:
         d = tl.load(ref_ptr + row).to(tl.float32) - lp
         ed = tl.exp(d)
-        loss = loss + kl_coef * (ed - d - 1.0)
-        g_lp = g_lp + kl_coef * (1.0 - ed)
+        k3 = ed - d - 1.0
+        kl_in = (k3 >= -KL_CLAMP) & (k3 <= KL_CLAMP)
+        loss = loss + kl_coef * tl.minimum(tl.maximum(k3, -KL_CLAMP), KL_CLAMP)
+        g_lp = g_lp + tl.where(kl_in, kl_coef * (1.0 - ed), 0.0)
     if ENT_GRAD:
         loss = loss - ent_coef * ent
     live = w != 0.0
@@ -166,7 +175,9 @@ class TritonHeadRows:
             loss_C,
             HAS_OLD=terms.old_logprob_T is not None,
             HAS_TIS=terms.rollout_logprob_T is not None,
+            TIS_CURRENT=bool(terms.tis_current),
             HAS_KL=has_kl,
+            KL_CLAMP=LOW_VAR_KL_CLAMP,
             NEED_ENT=want_ent or ent_grad,
             ENT_GRAD=ent_grad,
             BLOCK_V=self.block_v or min(triton.next_power_of_2(V), 4096),
