@@ -5,10 +5,12 @@
 - ``trainer.sequence_parallel``: N must divide the attention heads and the KV heads (the
   Ulysses all-to-all splits both) and the trainer ranks;
 - ``trainer.offload``: "optimizer" needs trainer GPUs (CPU ranks already keep every state
-  in host memory), and FSDP2's CPUOffloadPolicy in this torch.
+  in host memory), FSDP2's CPUOffloadPolicy in this torch, and a trainer process-group
+  backend that moves CPU tensors (``offload_problem``).
 
 ``check_start`` adds what the trainer does not run (sequence parallel with a per-sample
-token mean through the recompute head): refused at start, planned by the dry run.
+token mean through the recompute head; offload where torch has no CUDA): refused at start,
+said by the dry run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from spade_async.plan.shapes import FAMILIES, model_shape
 if TYPE_CHECKING:
     from spade_async.recipe import Config
 
-__all__ = ["check_scale", "check_start"]
+__all__ = ["check_scale", "check_start", "offload_problem"]
 
 
 def _model_dir(cfg: Config) -> Path:
@@ -31,6 +33,40 @@ def _model_dir(cfg: Config) -> Path:
     if cfg.model in EMBEDDED:
         return cache_root() / "models" / cfg.model
     return Path(cfg.model).expanduser()
+
+
+def moves_cpu_tensors(backend: str) -> bool:
+    """Whether a process group of ``backend`` ("nccl", "gloo", "cpu:gloo,cuda:nccl") runs
+    collectives on CPU tensors: torch's ``Backend.backend_capability`` for a bare name,
+    the ``cpu:`` entry of a device map (distributed_c10d.py, ``BackendConfig``)."""
+    import torch.distributed as dist
+
+    b = backend.lower().replace(" ", "")
+    if ":" in b:
+        return any(item.split(":", 1)[0] == "cpu" for item in b.split(","))
+    return "cpu" in dist.Backend.backend_capability.get(b, [])
+
+
+def offload_problem(offload: str, cuda: bool, backend: str) -> str | None:
+    """Why ``trainer.offload`` cannot run on trainer ranks with(out) ``cuda`` whose process
+    group is ``backend``, or None. With "optimizer" the sharded weights, gradients and
+    AdamW states live on the host: FSDP2's state-dict broadcast at start-up and the
+    gradient norm's all-reduce run on CPU tensors, which NCCL alone cannot move."""
+    if offload != "optimizer":
+        return None
+    if not cuda:
+        return (
+            'trainer.offload = "optimizer" needs CUDA on the trainer ranks and this torch has '
+            'none (torch.cuda.is_available() is False): run on a GPU node, or set '
+            'trainer.offload = "none"'
+        )
+    if not moves_cpu_tensors(backend):
+        return (
+            f'trainer.offload = "optimizer" keeps the shards on the host, but the trainer\'s '
+            f"process-group backend {backend!r} cannot move CPU tensors: use "
+            "'cpu:gloo,cuda:nccl' (trainer/main.py backend())"
+        )
+    return None
 
 
 def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
@@ -50,6 +86,11 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
                 'trainer.offload = "optimizer" needs FSDP2\'s CPUOffloadPolicy, which this torch '
                 'lacks: upgrade torch (>= 2.6) or set trainer.offload = "none"'
             ) from None
+        from spade_async.trainer.main import backend  # what the GPU trainer ranks will start
+
+        why = offload_problem(tc.offload, True, backend(True, tc.offload))
+        if why:
+            raise ConfigError(why)
     lora = tc.lora
     if lora is not None:
         if lora.rank < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1:
@@ -101,6 +142,16 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
 def check_start(cfg: Config) -> None:
     """At start only: the knobs the dry run plans but the trainer does not run yet."""
     import importlib.util
+
+    if cfg.trainer.offload == "optimizer" and cfg.placement.trainer_gpus:
+        import torch
+
+        from spade_async.trainer.main import backend
+
+        cuda = torch.cuda.is_available()
+        why = offload_problem(cfg.trainer.offload, cuda, backend(cuda, cfg.trainer.offload))
+        if why:
+            raise ConfigError(why)
 
     if cfg.trainer.lora is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError(
