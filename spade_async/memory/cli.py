@@ -1,4 +1,9 @@
-"""``spade memory ls|show ID|stats|export DEST|import SRC --run RUN_DIR [--json]``.
+"""``spade memory ls|show ID|stats|export DEST|import SRC --run RUN_DIR [--json]``,
+``spade memory verify RUN_DIR [--repair]``.
+
+Everything shown is model-written or read from the run directory: it is printed through
+``spade_async.safe_text`` (no raw control characters, one line per field), and a damaged
+store is one line and exit 2 (``memory.integrity``).
 
 ``export DEST --format gymnasium`` writes an installable package of the valid environments
 (spade_async/memory/package.py); ``--format jsonl`` one line per environment."""
@@ -13,8 +18,10 @@ import msgspec
 
 from spade_async.cli.corpus import Parser
 from spade_async.errors import ConfigError
-from spade_async.memory.records import EnvRecord
+from spade_async.memory.integrity import open_checked
+from spade_async.memory.records import EnvRecord, safe_id, skill_problem
 from spade_async.memory.store import MemoryStore
+from spade_async.safe_text import json_line, term
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         "--seeds", default="",
         help="validation seeds, comma-separated (default: drawn at random per file, as in training)",
     )  # fmt: skip
+    s = sub.add_parser(
+        "verify", help="check memory.lmdb; --repair copies readable records to a fresh store"
+    )
+    s.add_argument("run", type=Path, help="run directory (holds memory.lmdb)")
+    s.add_argument(
+        "--repair", action="store_true", help="replace a damaged store by its readable records"
+    )
+    s.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
@@ -97,7 +112,7 @@ def full(rec: EnvRecord) -> dict:
 
 
 def _print_json(obj) -> None:
-    print(msgspec.json.encode(obj).decode())
+    print(json_line(obj))
 
 
 def _ls(store: MemoryStore, args) -> None:
@@ -108,8 +123,9 @@ def _ls(store: MemoryStore, args) -> None:
     for r in rows:
         rate = "-" if r["win_rate_nohint"] is None else f"{r['win_rate_nohint']:.2f}"
         print(
-            f"{r['id'][:12]}  {r['status']:<9} {r['skill']:<22} {str(r['env_class']):<24} "
-            f"{r['origin']:<12} win={rate} regret={r['regret']:.3f}"
+            f"{term(r['id'][:12])}  {term(r['status']):<9} {term(r['skill'], limit=40):<22} "
+            f"{term(r['env_class'], limit=40):<24} {term(r['origin']):<12} win={rate} "
+            f"regret={r['regret']:.3f}"
         )
 
 
@@ -121,8 +137,8 @@ def _show(store: MemoryStore, args) -> None:
     info = full(rec)
     code = info.pop("code")
     for key, value in info.items():
-        print(f"{key:>14}: {value}")
-    print("\n" + code)
+        print(f"{key:>14}: {term(value)}")
+    print("\n" + term(code, multiline=True))
 
 
 def _stats(store: MemoryStore, args) -> None:
@@ -131,7 +147,7 @@ def _stats(store: MemoryStore, args) -> None:
         _print_json(st)
         return
     for key, value in st.items():
-        print(f"{key:>14}: {value}")
+        print(f"{key:>14}: {term(value)}")
 
 
 def _export(store: MemoryStore, args) -> None:
@@ -151,12 +167,14 @@ def _export(store: MemoryStore, args) -> None:
         if args.json:
             _print_json(out)
         else:
-            print(f"exported {what}\n{package.NOTE}")
+            print(f"exported {term(what)}\n{package.NOTE}")
         return
     dest.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(dest / "manifest.jsonl", "wb") as manifest:
         for rec in store.records(status=args.status):
+            if not safe_id(rec.id):  # a tampered id never names a file (verify refuses it)
+                continue
             (dest / f"{rec.id}.py").write_bytes(rec.source)
             line = row(rec) | {
                 "file": f"{rec.id}.py",
@@ -169,7 +187,7 @@ def _export(store: MemoryStore, args) -> None:
     if args.json:
         _print_json({"exported": n, "dest": str(dest)})
     else:
-        print(f"exported {n} environments to {dest} (manifest.jsonl)")
+        print(f"exported {n} environments to {term(dest)} (manifest.jsonl)")
 
 
 def _import(args) -> None:
@@ -183,22 +201,24 @@ def _import(args) -> None:
         raise ConfigError(
             f"--seeds '{args.seeds}' is not a comma-separated list of integers"
         ) from None
+    if args.skill is not None and (why := skill_problem(args.skill)) is not None:
+        raise ConfigError(f"--skill: {why}; give a short one-line name such as 'logic'")
     args.run.mkdir(parents=True, exist_ok=True)
-    with MemoryStore(args.run / "memory.lmdb") as store:
+    with open_checked(args.run / "memory.lmdb", readonly=False) as store:
         outcomes = anyio.run(
             lambda: import_files(
                 store, args.src, seeds=seeds, skill=args.skill, setting=args.setting
             )
         )
-    counts = {"accepted": 0, "rejected": 0, "duplicate": 0}
+    counts = {"accepted": 0, "rejected": 0, "duplicate": 0, "skipped": 0}
     for o in outcomes:
         counts[o.outcome] += 1
         why = (
             o.reason
-            if o.outcome == "rejected"
+            if o.outcome in ("rejected", "skipped")
             else (f"duplicate of {o.duplicate_of[:12]}" if o.duplicate_of else "valid")
         )
-        line = f"{o.outcome:<9} {o.path}: {o.stage}: {why}"
+        line = f"{o.outcome:<9} {term(o.path)}: {term(o.stage)}: {term(why, limit=400)}"
         print(line, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         _print_json(counts)
@@ -206,7 +226,39 @@ def _import(args) -> None:
         print(
             f"accepted {counts['accepted']}, rejected {counts['rejected']}, "
             f"duplicate {counts['duplicate']}"
+            + (
+                f", skipped {counts['skipped']} (a skill that cannot be stored)"
+                if counts["skipped"]
+                else ""
+            )
         )
+
+
+def _verify(args) -> int:
+    from spade_async.memory import integrity
+    from spade_async.memory.repair import repair, verify
+
+    path = args.run / "memory.lmdb"
+    if not (path / "data.mdb").is_file():
+        raise ConfigError(f"no environment memory at '{path}'; pass a run directory that has one")
+    report = verify(path)
+    if report["damage"] is not None and args.repair:
+        n, kept = repair(path)
+        report |= {"repaired": n, "damaged_store": str(kept)}
+        if args.json:
+            _print_json(report)
+        else:
+            print(f"repaired {term(path)}: {n} readable record(s) copied into a fresh store "
+                  f"(was: {term(report['damage'])}); the damaged store is kept as {term(kept)}")  # fmt: skip
+        return 0
+    if args.json:
+        _print_json(report)
+    elif report["damage"] is None:
+        print(f"{term(path)}: whole, {report['records']} record(s) readable")
+    if report["damage"] is not None:
+        err = integrity.damaged(path, report["damage"])
+        raise integrity.DamagedMemory(f"{err} ({report['recoverable']} record(s) recoverable)")
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -214,6 +266,10 @@ def main(argv: list[str]) -> int:
     if args.cmd == "import":
         _import(args)
         return 0
-    with MemoryStore(args.run / "memory.lmdb", readonly=True) as store:
+    if args.cmd == "verify":
+        return _verify(args)
+    if not (args.run / "memory.lmdb" / "data.mdb").is_file():
+        MemoryStore(args.run / "memory.lmdb", readonly=True)  # its one-line "no memory" error
+    with open_checked(args.run / "memory.lmdb") as store:
         {"ls": _ls, "show": _show, "stats": _stats, "export": _export}[args.cmd](store, args)
     return 0

@@ -3,7 +3,9 @@
 This is how a fixed environment pool enters the system. Files are validated concurrently in
 the sandboxed pool (``spade_async.envs.validate.validate_source``); each becomes a record
 (valid or not, with its stage and reason), written by one ``MemoryWriter``. Files that are
-not UTF-8 text, or too large, are rejected before they reach a sandbox.
+not UTF-8 text, or too large, are rejected before they reach a sandbox; a file whose skill
+cannot be stored (not a one-line string of 1-200 UTF-8 bytes: ``records.skill_problem``)
+is skipped and counted, and the import goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import anyio
 import msgspec
 
 from spade_async.errors import ConfigError
-from spade_async.memory.records import Origin, env_id, make_record
+from spade_async.memory.records import Origin, env_id, make_record, skill_problem
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 
@@ -28,7 +30,7 @@ MAX_BYTES = 1 << 20
 
 class FileOutcome(msgspec.Struct, frozen=True, kw_only=True):
     path: str
-    outcome: Literal["accepted", "rejected", "duplicate"]
+    outcome: Literal["accepted", "rejected", "duplicate", "skipped"]
     id: str | None
     stage: str
     reason: str
@@ -134,8 +136,14 @@ async def import_files(
                     data = f.read(MAX_BYTES + 1)
                 reason, verdict = await _validate(path, data, pool, list(seeds))
             code = data.decode("utf-8", errors="replace")
+            file_skill = _skill_of(code, skill)
+            odd = skill_problem(file_skill)
+            if odd is not None:  # an odd record is skipped and counted, not fatal
+                outcomes[i] = FileOutcome(path=str(path), outcome="skipped", id=None,
+                                          stage="read", reason=odd)  # fmt: skip
+                return
             fields = dict(
-                skill=_skill_of(code, skill),
+                skill=file_skill,
                 setting=_setting_of(code, setting),
                 origin=Origin(kind=kind, source=str(path)),
             )

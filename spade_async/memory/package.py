@@ -28,7 +28,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from spade_async.memory.records import EnvRecord
+from spade_async.memory.records import EnvRecord, safe_id
+from spade_async.safe_text import html_text, term
 
 NOTE = (
     "WARNING: every environment in this package is model-written code (a SPADE designer "
@@ -42,12 +43,12 @@ _SEEDS = re.compile(r"on seeds \[([\d, ]*)\]")
 
 def package_name(run_dir: Path, name: str | None) -> str:
     raw = name or f"spade_envs_{run_dir.resolve().name}"
-    pkg = re.sub(r"\W+", "_", raw).strip("_").lower()
+    pkg = re.sub(r"[^0-9A-Za-z_]+", "_", raw).strip("_").lower()  # an ASCII identifier
     return pkg if pkg and not pkg[0].isdigit() else f"spade_envs_{pkg}"
 
 
 def gym_name(rec: EnvRecord) -> str:
-    cls = re.sub(r"\W", "", rec.env_class or "") or "Env"
+    cls = re.sub(r"[^0-9A-Za-z_]", "", rec.env_class or "")[:64] or "Env"
     return f"{cls}_{rec.id[:8]}"
 
 
@@ -151,7 +152,7 @@ def export_gymnasium(
 ) -> dict:  # fmt: skip
     """Write the package; returns {"package", "environments", "dest"}."""
     pkg = package_name(run_dir, name)
-    valid = [r for r in records if r.status == "valid"]
+    valid = [r for r in records if r.status == "valid" and safe_id(r.id)]  # ids name files
     seeds = {r.id: validation_seeds(r, default_seeds) for r in valid}
     rewards = anyio.run(solution_rewards, valid, seeds)
     flagged = _flagged(run_dir)
@@ -182,6 +183,7 @@ def export_jsonl(records: list[EnvRecord], dest: Path, *, run_dir: Path,
     """``DEST/environments.jsonl``: one environment per line, code and metadata."""
     dest.mkdir(parents=True, exist_ok=True)
     flagged = _flagged(run_dir)
+    records = [r for r in records if safe_id(r.id)]
     exported = {r.id for r in records}
     with open(dest / "environments.jsonl", "wb") as f:
         for rec in records:
@@ -201,13 +203,15 @@ def _env_module(rec: EnvRecord, meta: dict, pkg: str) -> str:
     code = rec.code
     sha = hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
     cls = rec.env_class or ""
-    return f'''"""{meta["name"]}: a SPADE environment ({rec.skill or "no skill"}, {rec.setting}).
-
-{NOTE}
-
-SOURCE is the environment file exactly as the designer wrote it (sha256 {sha});
-``load()`` runs it in a module namespace with the names spade-async's sandbox injects.
-"""
+    doc = (
+        f"{meta['name']}: a SPADE environment (skill {rec.skill or '-'!r}, {rec.setting!r}).\n\n"
+        f"{NOTE}\n\nSOURCE is the environment file exactly as the designer wrote it (sha256 "
+        f"{sha});\n``load()`` runs it in a module namespace with the names spade-async's "
+        "sandbox injects.\n"
+    )
+    # every model-written value enters this source as a repr() literal (the docstring too:
+    # a repr inside a triple-quoted string could close it), the package by a relative import
+    return f'''{doc!r}
 
 import json as _json
 
@@ -222,7 +226,7 @@ def load():
     import collections, copy, functools, heapq, itertools, json, math, random, re, string
     import sys, types, typing
 
-    from {pkg}._tool_use import ToolUseBaseEnv
+    from .._tool_use import ToolUseBaseEnv
 
     module = types.ModuleType(__name__ + "._source")
     module.__dict__.update(
@@ -245,13 +249,12 @@ def load():
 
 def _init(pkg: str, metas: list[dict]) -> str:
     ids = {m["gym_id"]: m["module"] for m in metas}
-    return f'''"""{pkg}: environments from a SPADE run, registered with gymnasium on import.
-
-    import gymnasium, {pkg}
-    env = gymnasium.make("spade/<Name>-v0")        # or gymnasium.make("{pkg}:spade/<Name>-v0")
-
-{NOTE}
-"""
+    doc = (
+        f"{pkg}: environments from a SPADE run, registered with gymnasium on import.\n\n"
+        f'    import gymnasium, {pkg}\n    env = gymnasium.make("spade/<Name>-v0")'
+        f'        # or gymnasium.make("{pkg}:spade/<Name>-v0")\n\n{NOTE}\n'
+    )
+    return f'''{doc!r}
 
 import json
 from pathlib import Path
@@ -270,7 +273,7 @@ def metadata():
 def register_envs():
     for gym_id, module in ENVIRONMENTS.items():
         if gym_id not in gymnasium.registry:
-            gymnasium.register(id=gym_id, entry_point="{pkg}._gym:SpadeTextEnv",
+            gymnasium.register(id=gym_id, entry_point=__name__ + "._gym:SpadeTextEnv",
                                kwargs={{"module": module}}, disable_env_checker=False)
 
 
@@ -279,24 +282,25 @@ register_envs()
 
 
 def _pyproject(pkg: str, run_dir: Path) -> str:
-    return f'''[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
+    import tomli_w
 
-[project]
-name = "{pkg.replace("_", "-")}"
-version = "0.1.0"
-description = "Model-written environments from the SPADE run {run_dir.name} (run them sandboxed)"
-readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["gymnasium>=1.0"]
+    return tomli_w.dumps({
+        "build-system": {"requires": ["setuptools>=61"],
+                         "build-backend": "setuptools.build_meta"},
+        "project": {
+            "name": pkg.replace("_", "-"), "version": "0.1.0", "readme": "README.md",
+            "description": f"Model-written environments from the SPADE run {run_dir.name} "
+                           "(run them sandboxed)",
+            "requires-python": ">=3.10", "dependencies": ["gymnasium>=1.0"],
+        },
+        "tool": {"setuptools": {"packages": [pkg, f"{pkg}.envs"],
+                                "package-data": {pkg: ["metadata.json"]}}},
+    })  # fmt: skip
 
-[tool.setuptools]
-packages = ["{pkg}", "{pkg}.envs"]
 
-[tool.setuptools.package-data]
-"{pkg}" = ["metadata.json"]
-'''
+def _cell(value: object) -> str:
+    """A Markdown table cell: one line, no raw HTML, no column break."""
+    return html_text(term(value)).replace("|", "\\|").replace("`", "&#96;")
 
 
 def _readme(pkg: str, metas: list[dict]) -> str:
@@ -304,7 +308,7 @@ def _readme(pkg: str, metas: list[dict]) -> str:
         return "-" if v is None else format(v, spec)
 
     rows = "\n".join(
-        f"| `{m['gym_id']}` | {m['skill']} | {num(m['win_rate'], '.2f')} | "
+        f"| `{m['gym_id']}` | {_cell(m['skill'])} | {num(m['win_rate'], '.2f')} | "
         f"{num(m['regret'], '.3f')} |"
         for m in metas
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import re
 import time
 from typing import Literal
 
@@ -129,6 +130,43 @@ def decode(data: bytes) -> EnvRecord:
     if record.schema_version > SCHEMA_VERSION:
         raise newer_schema(record.schema_version, "record")
     return record
+
+
+_SAFE_ID = re.compile(r"[0-9a-f]{64}")
+MAX_SKILL_BYTES = 200  # LMDB keys hold 511 bytes; index keys add the class and an id
+
+
+def safe_id(value: object) -> bool:
+    """An id is the sha256 hex of the code: it names files (export) and modules."""
+    return isinstance(value, str) and _SAFE_ID.fullmatch(value) is not None
+
+
+def skill_problem(skill: object) -> str | None:
+    """Why ``skill`` cannot be stored (None when it can): a non-empty one-line str of at
+    most ``MAX_SKILL_BYTES`` UTF-8 bytes, no control characters (index keys use NUL)."""
+    from spade_async.safe_text import is_clean, term
+
+    if not isinstance(skill, str):
+        return f"skill is a {type(skill).__name__}, not a string"
+    if not skill.strip():
+        return "skill is empty"
+    try:
+        size = len(skill.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"skill {term(skill, limit=40)!r} is not valid Unicode (a lone surrogate)"
+    if size > MAX_SKILL_BYTES:
+        return f"skill is {size} bytes long (at most {MAX_SKILL_BYTES})"
+    if not is_clean(skill):
+        return f"skill {term(skill, limit=40)!r} holds control characters"
+    return None
+
+
+def record_problem(rec: EnvRecord) -> str | None:
+    """Why a stored record is unusable (None when it is fine): what ``spade memory verify``
+    and every reader check, since a record may come from a tampered store."""
+    if not safe_id(rec.id):
+        return "its id is not a sha256 hex string (a tampered record)"
+    return skill_problem(rec.skill) if rec.skill else None
 
 
 def newer_schema(version: int, what: str) -> ConfigError:

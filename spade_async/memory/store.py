@@ -79,6 +79,13 @@ class MemoryStore:
             )
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
+        data = self.path / "data.mdb"
+        if data.is_file() and data.stat().st_size > 0:  # a cut file would SIGBUS a reader
+            from spade_async.memory import integrity
+
+            why = integrity.header_problem(self.path)
+            if why is not None:
+                raise integrity.damaged(self.path, why)
         try:
             self.env = lmdb.open(
                 str(self.path),

@@ -39,7 +39,7 @@ def test_import_validates_accepts_rejects_and_dedups(tmp_path, capsys):
     run = tmp_path / "run"
     assert spade(["memory", "import", str(src), "--run", str(run), "--json"]) == 0
     out = capsys.readouterr()
-    assert json.loads(out.out) == {"accepted": 2, "rejected": 6, "duplicate": 1}
+    assert json.loads(out.out) == {"accepted": 2, "rejected": 6, "duplicate": 1, "skipped": 0}
     lines = {line.split()[1].rstrip(":"): line for line in out.err.splitlines()}
     assert "syntax" in lines[str(src / "syntax.py")]
     assert "crash" in lines[str(src / "exits.py")]

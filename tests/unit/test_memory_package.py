@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,8 @@ def test_package_layout_and_metadata(exported):
         module = (root / "envs" / f"{m['module'].rsplit('.', 1)[1]}.py").read_text()
         assert "model-written code" in module and repr(rec.code) in module  # exact source
     assert (exported / "README.md").read_text().startswith("# spade_envs_fixture\n\n**WARNING")
-    assert 'dependencies = ["gymnasium>=1.0"]' in (exported / "pyproject.toml").read_text()
+    project = tomllib.loads((exported / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"] == ["gymnasium>=1.0"]
 
 
 def test_in_this_process_the_sandbox_plays_it(exported, monkeypatch):
