@@ -87,7 +87,7 @@ def check_engine(cfg: EngineConfig) -> None:
 class CPUEngineServer(SGLangServer):
     """The project's CPU engine, supervised by the same start/health/stop/restart logic."""
 
-    kind = "CPU engine"
+    kind = "the project's CPU engine (spade_async.generation.server, not SGLang)"
 
     def __init__(
         self,

@@ -122,7 +122,11 @@ def main(argv: list[str]) -> int:
     parent = int(argv[0])
     if cpus:
         os.sched_setaffinity(0, cpus)  # inherited by the whole child tree
-    child = subprocess.Popen(argv[2:])
+    try:
+        child = subprocess.Popen(argv[2:])
+    except OSError as exc:  # one line for the log the parent reads (failure.log_cause)
+        print(f"error: the watchdog cannot start {argv[2]!r}: {exc}", file=sys.stderr)
+        return 127
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     while child.poll() is None:

@@ -24,6 +24,7 @@ import time
 import anyio
 import msgspec
 
+from spade_async import failure
 from spade_async.envs import protocol as P
 from spade_async.envs import replies, sandbox, tasks
 
@@ -69,6 +70,20 @@ class EnvError(Exception):
 _ENCODER = msgspec.msgpack.Encoder()
 _serial = itertools.count(1)
 _DECODER = replies.decoder()
+
+
+def _read_available(fd: int, limit: int = 64 << 10) -> str:
+    """What a non-blocking pipe holds now (at most ``limit`` bytes), decoded."""
+    data = b""
+    while len(data) < limit:
+        try:
+            chunk = os.read(fd, limit - len(data))
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8", "replace")
 
 
 def _exit_reason(rc: int) -> tuple[str, str]:
@@ -127,21 +142,30 @@ class WorkerProcess:
         # is PR_SET_PDEATHSIG, which fires when the *thread* that forked exits, so a
         # short-lived to_thread worker would take the sandbox down with it.
         try:
-            self.proc, self.wfd, self.rfd, self.workdir = sandbox.spawn(
+            self.proc, self.wfd, self.rfd, self.workdir, err_fd = sandbox.spawn(
                 self.level, limits, self.cgroup
             )
         except BaseException:
             self._drop_cgroup()
             raise
         try:
+            await self._boot(timeout, err_fd)
+        finally:
+            os.close(err_fd)
+
+    async def _boot(self, timeout: float, err_fd: int) -> None:
+        """Wait for Ready; a worker that dies first is described by its boot-time stderr."""
+        try:
             with anyio.fail_after(timeout):
                 ready = await self._read_reply(0)
         except (TimeoutError, EOFError, OSError, EnvError, msgspec.DecodeError,
                 RecursionError, replies.ReplyError) as exc:  # fmt: skip
             rc = await self.kill(f"boot failed: {exc!r}", grace=0.2)
+            said = failure.error_line(_read_available(err_fd), any_last=True)
             raise EnvError(
                 "boot",
-                f"worker did not start at isolation {self.level} ({exc!r}, exit status {rc})",
+                f"worker did not start at isolation {self.level} ({exc!r}, exit status {rc})"
+                + (f": {said}" if said else ""),
             ) from None
         except BaseException:
             await self.kill("cancelled during boot")

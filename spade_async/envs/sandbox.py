@@ -229,14 +229,20 @@ def isolation_level(requested: str = "auto") -> str:
 
 def spawn(
     level: str, limits: dict, cgroup: Path | None = None
-) -> tuple[subprocess.Popen, int, int, str | None]:
-    """Start a worker. Returns (process, fd to write requests, fd to read replies, workdir).
+) -> tuple[subprocess.Popen, int, int, str | None, int]:
+    """Start a worker. Returns (process, fd to write requests, fd to read replies, workdir,
+    fd to read its boot-time stderr).
+
+    The stderr pipe carries only what is written before the worker takes fd 2 off it (its
+    boot: bwrap's own errors, a failing import); the pool reads it when a boot fails and
+    closes it once the worker is ready (``process.WorkerProcess.start``).
 
     The process leads a new session, so ``os.killpg(proc.pid, SIGKILL)`` kills all of it.
     ``cgroup``: a pids cgroup (``tasks.py``) the whole sandbox starts in.
     """
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
+    err_r, err_w = os.pipe()
     args_fd = -1
     workdir = None
     if level != "bwrap":
@@ -256,22 +262,22 @@ def spawn(
             argv, executable = tasks.wrap(argv, cgroup, path), tasks.shell()
         proc = subprocess.Popen(
             argv, executable=executable,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_w,
             pass_fds=fds, env={}, start_new_session=True, cwd=workdir or "/",
         )  # fmt: skip
     except BaseException:
-        for fd in (req_w, rep_r):
+        for fd in (req_w, rep_r, err_r):
             os.close(fd)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     finally:
-        for fd in (req_r, rep_w, args_fd):
+        for fd in (req_r, rep_w, err_w, args_fd):
             if fd >= 0:
                 os.close(fd)
-    os.set_blocking(req_w, False)
-    os.set_blocking(rep_r, False)
-    return proc, req_w, rep_r, workdir
+    for fd in (req_w, rep_r, err_r):
+        os.set_blocking(fd, False)
+    return proc, req_w, rep_r, workdir, err_r
 
 
 def find_pids(marker: str) -> list[int]:

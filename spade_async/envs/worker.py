@@ -308,6 +308,7 @@ def main(argv: list[str]) -> None:
     seccomp.die_with_parent()  # our parent: the pool (rlimit), unshare, or bwrap's init
     stay_off_pid_1()
     sys.stdout = sys.stderr = CappedSink(limits["sink_chars"])
+    os.dup2(1, 2)  # fd 2 off the parent's boot-error pipe, onto stdout's /dev/null
     workdir = limits.get("workdir")
     if limits.get("private_tmpfs"):  # unshare level: our own mount namespace
         # the usual RAM-backed places become capped tmpfs, the root and /dev read-only;

@@ -35,6 +35,7 @@ import anyio.abc
 import httpx
 import msgspec
 
+from spade_async import failure
 from spade_async.config import Doc
 from spade_async.errors import ConfigError
 from spade_async.generation.client import EngineError
@@ -135,6 +136,9 @@ def check_flags(args: Sequence[str], where: str = "engine.extra_args") -> None:
             )
 
 
+PINNED_MODULE = "sglang.launch_server"
+
+
 class SGLangServer:
     """One SGLang server process. ``async with`` or ``run`` inside a task group."""
 
@@ -187,10 +191,7 @@ class SGLangServer:
             with anyio.move_on_after(deadline):
                 while True:
                     if proc.returncode is not None:
-                        raise EngineError(
-                            f"SGLang server {self.url} exited with status {proc.returncode} during "
-                            f"start-up; see {self.cfg.log_path or 'its output'}"
-                        )
+                        raise EngineError(self._died(proc.returncode, "during start-up"))
                     try:
                         if (await http.get(self.url + "/health")).status_code == 200:
                             return
@@ -198,9 +199,20 @@ class SGLangServer:
                         pass
                     await anyio.sleep(0.5)
         raise EngineError(
-            f"SGLang server {self.url} not healthy within {deadline:.0f} s; "
+            f"{self.kind} {self.url} not healthy within {deadline:.0f} s; "
             f"see {self.cfg.log_path or 'its output'} (raise start_timeout_s for large models)"
         )
+
+    @property
+    def kind(self) -> str:
+        """Which engine this is, for messages (the CPU engine and the router name their own)."""
+        return "SGLang server" if self.cfg.module == PINNED_MODULE else f"engine {self.cfg.module}"
+
+    def _died(self, status: int | None, when: str) -> str:
+        """One line: which engine, its exit status, its log's last error line, the log."""
+        if not self.cfg.log_path:
+            return f"{self.kind} {self.url} exited with status {status} {when} (its output is above)"
+        return failure.died(f"{self.kind} {self.url}", status, self.cfg.log_path, when)
 
     async def stop(self) -> None:
         """SIGTERM the process group, SIGKILL after ``stop_timeout_s``. Shielded: a stop
@@ -241,8 +253,7 @@ class SGLangServer:
                     return
                 if self.restarts >= self.cfg.max_restarts:
                     raise EngineError(
-                        f"SGLang server {self.url} crashed (status {proc.returncode}) after "
-                        f"{self.restarts} restarts; see {self.cfg.log_path or 'its output'}"
+                        self._died(proc.returncode, f"after {self.restarts} restarts")
                     )
                 if self.on_crash is not None:
                     self.on_crash(self)

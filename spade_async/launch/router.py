@@ -112,10 +112,7 @@ class RouterServer(SGLangServer):
             with anyio.move_on_after(deadline):
                 while True:
                     if proc.returncode is not None:
-                        raise EngineError(
-                            f"router {self.url} exited with status {proc.returncode} during "
-                            f"start-up; see {self.cfg.log_path or 'its output'}"
-                        )
+                        raise EngineError(self._died(proc.returncode, "during start-up"))
                     try:
                         resp = await http.get(self.url + "/workers")
                         if resp.status_code == 200:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from spade_async import failure
 from spade_async.trainer import exports
 from spade_async.trainer.client import TrainerClient, TrainerDied
 from spade_async.trainer.config import TrainerConfig
@@ -49,6 +50,8 @@ class TrainerProcess:
             digest = hashlib.sha1(self.socket_path.encode()).hexdigest()[:12]
             self.socket_path = str(Path(tempfile.gettempdir()) / f"spade-trainer-{digest}.sock")
         self.log_path = self.run_dir / "trainer.log"
+        self.error_dir = self.run_dir / "trainer-errors"  # one record per dead rank (failure.py)
+        self.started_at = 0.0
         self.cmd = [
             sys.executable,
             "-m",
@@ -82,8 +85,10 @@ class TrainerProcess:
             **os.environ,
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "PYTHONUNBUFFERED": "1",
+            failure.ENV: str(self.error_dir),
             **self.env,
         }
+        self.started_at = time.time()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.cmd,
@@ -123,7 +128,10 @@ class TrainerProcess:
         code = self.proc.poll()
         if code is None:
             return None
-        return f"trainer ranks exited with status {code} (a rank died?); log: {self.log_tail()}"
+        cause = failure.recorded_cause(self.error_dir, since=self.started_at)
+        if cause is None:  # killed, or died before Python ran: the log's last error line
+            cause = failure.log_cause(self.log_path) or "no exception recorded"
+        return f"trainer ranks exited with status {code}: {cause}; log: {self.log_path}"
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """Clean shutdown if possible, then terminate the process group; returns exit code."""

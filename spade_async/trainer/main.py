@@ -17,6 +17,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from spade_async.failure import run_recorded
 from spade_async.trainer import rpc
 from spade_async.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from spade_async.trainer.config import TrainerConfig
@@ -118,4 +119,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # an exception in any rank: one record for the controller's error line (failure.py)
+    sys.exit(run_recorded(main, who=f"trainer rank {os.environ.get('RANK', '0')}"))

@@ -33,6 +33,9 @@ with open(os.environ["FAKE_RECORD"], "a") as f:
 if os.environ.get("FAKE_NEVER_HEALTHY"):
     time.sleep(60)
 if os.environ.get("FAKE_EXIT_AT_START"):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("RuntimeError: no CUDA device", file=sys.stderr)
+    print("shutting down", file=sys.stderr)
     sys.exit(3)
 time.sleep(0.3)  # a short "model load"
 class H(BaseHTTPRequestHandler):
@@ -133,8 +136,12 @@ def test_start_stop_and_restart_after_crash(fake):
 def test_start_failures_are_clear(fake, monkeypatch):
     cfg_of, _ = fake
     monkeypatch.setenv("FAKE_EXIT_AT_START", "1")
-    with pytest.raises(EngineError, match="exited with status 3 during start-up"):
+    with pytest.raises(EngineError, match="exited with status 3 during start-up") as err:
         anyio.run(SGLangServer(cfg_of()).start)
+    # which engine, the log's last error line and the log's path, in one line
+    msg = str(err.value)
+    assert msg.startswith("engine fake_sglang http://") and "\n" not in msg, msg
+    assert ": RuntimeError: no CUDA device; log: " in msg and msg.endswith("log.txt"), msg
     monkeypatch.delenv("FAKE_EXIT_AT_START")
     monkeypatch.setenv("FAKE_NEVER_HEALTHY", "1")
     with pytest.raises(EngineError, match="not healthy within 1 s"):
