@@ -36,8 +36,11 @@ class _Pending:
 
 
 class MemoryWriter:
-    def __init__(self, store: MemoryStore):
+    def __init__(self, store: MemoryStore, *, offload=None):
         self.store = store
+        # how blocking work leaves the event loop (default: a worker thread); the simulator
+        # passes an inline runner, as its virtual clock does not wait for threads
+        self._offload = offload or anyio.to_thread.run_sync
         self._send, self._recv = anyio.create_memory_object_stream[_Pending](
             store.config.queue_size
         )
@@ -63,9 +66,7 @@ class MemoryWriter:
 
     async def _commit(self, batch: list[_Pending]) -> None:
         try:
-            results = await anyio.to_thread.run_sync(
-                self.store.apply, [p.op for p in batch], abandon_on_cancel=False
-            )
+            results = await self._offload(self.store.apply, [p.op for p in batch])
         except Exception as exc:  # the whole transaction failed: every op in it learns why
             for p in batch:
                 p.error = exc
@@ -93,7 +94,7 @@ class MemoryWriter:
     async def put(self, record: EnvRecord, signature: bytes | None = None) -> ops.PutResult:
         if signature is None and record.valid:  # MinHash off the event loop and the writer
             cfg = self.store.config
-            signature = await anyio.to_thread.run_sync(
+            signature = await self._offload(
                 ops.prepare_signature, record, cfg.num_perm, cfg.shingle_tokens
             )
         return await self.submit(ops.PutOp(record=record, signature=signature))

@@ -116,6 +116,10 @@ class DesignSample:
     retries: int = 0  # fresh untrained samples taken after a broken first attempt
     extra_tokens: int = 0  # repair-turn and retry tokens (generated, not trained)
     examples: list[str] = field(default_factory=list)
+    # routing replay: routes of prompt + output less the last token (routed_experts.py);
+    # routes_status as Episode's ("" complete, "missing", else the misfit naming the engine)
+    routed_experts: bytes = b""
+    routes_status: str = ""
 
 
 @contextlib.contextmanager
@@ -209,6 +213,9 @@ async def design_group(
             version=res.policy(version),  # the engine's, for the tokens it generated
             verdict=Verdict(valid=False, stage="syntax", reason="no reply"),
             examples=list(examples or []),
+            routed_experts=res.routed_experts or b"",
+            routes_status=res.routes_problem
+            or ("missing" if client.route_shape is not None and res.routed_experts is None else ""),
         )
         with busy("env_pool"):
             source, verdict = await _check(res.text, pool, cfg)
@@ -287,6 +294,9 @@ async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | 
     if not source:
         why = fam.no_parameter if fam else "the reply holds no Python code"
         return None, Verdict(valid=False, stage="syntax", reason=why)
+    own = getattr(pool, "validate_source", None)  # a pool with its own verdicts (bench/simulate)
+    if own is not None:
+        return source, await own(source)
     return source, await validate_source(
         source, pool=pool, seeds=cfg.validation_seeds, config=ValidateConfig(gates=cfg.gates)
     )

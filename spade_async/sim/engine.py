@@ -1,0 +1,245 @@
+"""Simulated generation engines behind the project's own generation client.
+
+``SimClient`` is ``GenerationClient`` with its HTTP layer (``_request``) answered here: the
+controller's client picks engines, keeps sessions sticky, limits concurrency, retries,
+encodes requests and decodes replies as it does against SGLang. Each ``SimEngine`` is one
+server doing continuous batching in virtual time: requests wait in a queue (priority order
+under ``engine.priority_scheduling``, else arrival), are admitted while the KV cache holds
+their context and reply and ``engine.max_running_requests`` allows, prefill, then decode one
+token per iteration, an iteration costing ``iter_fixed + B x iter_per_seq + context x
+iter_per_ctx`` (``costs.Costs``). Between arrivals and completions the engine sleeps the
+exact time to the next completion, so a step costs two events per request, not one per
+token. Reply lengths are drawn per role (the first prompt token is the role's tag, see
+``parts.SimTokenizer``) from ``costs.Lengths``; a draw past ``max_new_tokens`` ends ``length``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from contextvars import ContextVar
+from functools import lru_cache
+
+import anyio
+import httpx
+import msgspec
+import numpy as np
+
+from spade_async.generation.client import GenerationClient
+from spade_async.generation.protocol import GenerateReqInput, SamplingParams
+from spade_async.sim.costs import Costs, lognormal
+
+__all__ = ["SimEngine", "SimClient", "ROLE_AGENT", "ROLE_HINT", "ROLE_DESIGNER"]
+
+ROLE_AGENT, ROLE_HINT, ROLE_DESIGNER = 1, 2, 3
+EOS = 2
+
+
+class _Req(msgspec.Struct, frozen=False):
+    """What the engine needs of a request; ``input_ids`` stays undecoded (length only)."""
+
+    input_ids: msgspec.Raw
+    sampling_params: SamplingParams
+    priority: int | None = None
+
+
+_REQ = msgspec.json.Decoder(_Req)
+_SESSION: ContextVar[str | None] = ContextVar("sim_session", default=None)
+
+
+class _Run:
+    __slots__ = ("prefill", "ctx", "left", "out", "cut", "order", "done", "v0", "role")
+
+    def __init__(self, prefill, ctx, out, cut, order, role):
+        self.prefill, self.ctx, self.left, self.out, self.cut = prefill, ctx, out, out, cut
+        self.order, self.done, self.v0, self.role = order, anyio.Event(), 0, role
+
+
+@lru_cache(maxsize=4096)
+def _ids_json(n: int, tail_eos: bool) -> str:
+    ids = ["7"] * n
+    if tail_eos and n:
+        ids[-1] = str(EOS)
+    return "[" + ",".join(ids) + "]"
+
+
+@lru_cache(maxsize=4096)
+def _lps_json(n: int) -> str:
+    return "[" + ",".join(["[-0.5,7,null]"] * n) + "]"
+
+
+class SimEngine:
+    def __init__(self, url: str, costs: Costs, *, max_running: int, priority: bool) -> None:
+        self.url, self.c = url, costs
+        self.max_running = max_running or 1024
+        self.priority = priority
+        self.queue: list = []
+        self.running: list[_Run] = []
+        self.version = 0
+        self.busy_s = 0.0
+        self.decoded = 0
+        self.held = 0  # > 0: paused (a push) or the GPUs lent to the trainer (colocated)
+        self._wake = anyio.Event()
+        self._seq = itertools.count()
+        self._pending_prefill_s = 0.0
+        self.cache: dict[str, int] = {}  # session -> tokens of its prefix in the KV cache
+
+    def submit(self, run: _Run, priority: int | None) -> None:
+        key = (priority if (self.priority and priority is not None) else 0, next(self._seq))
+        heapq.heappush(self.queue, (key, run))
+        self._wake.set()
+
+    def hold(self) -> None:
+        self.held += 1
+        self._wake.set()
+
+    def release(self, flush: bool = False) -> None:
+        """End a hold; ``flush``: the KV cache was dropped, running requests prefill again."""
+        self.held -= 1
+        if flush:
+            self.cache.clear()
+            for r in self.running:
+                r.prefill = r.ctx
+            self._pending_prefill_s += sum(r.ctx for r in self.running) * self.c.prefill_per_token_s
+        self._wake.set()
+
+    def _admit(self) -> None:
+        used = sum(r.ctx + r.left for r in self.running)
+        while self.queue and len(self.running) < self.max_running:
+            run = self.queue[0][1]
+            if self.running and used + run.ctx + run.left > self.c.kv_capacity_tokens:
+                break
+            heapq.heappop(self.queue)
+            run.v0 = self.version
+            used += run.ctx + run.left
+            self._pending_prefill_s += run.prefill * self.c.prefill_per_token_s
+            self.running.append(run)
+
+    async def run(self) -> None:
+        c = self.c
+        while True:
+            if self.held or not (self.running or self.queue):
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue
+            self._admit()
+            b = len(self.running)
+            k = min(r.left for r in self.running)
+            ctx = sum(r.ctx for r in self.running) + b * k / 2
+            t_iter = c.iter_fixed_s + b * c.iter_per_seq_s + ctx * c.iter_per_ctx_s
+            prefill = self._pending_prefill_s
+            due = prefill + k * t_iter
+            self._wake = anyio.Event()
+            t0 = anyio.current_time()
+            with anyio.move_on_after(due):
+                await self._wake.wait()
+            spent = anyio.current_time() - t0
+            self.busy_s += spent
+            if spent >= due - 1e-9:
+                n = k
+            else:
+                n = min(k, max(0, int((spent - prefill) / t_iter))) if spent > prefill else 0
+            self._pending_prefill_s = max(0.0, prefill - spent)
+            if n == 0:
+                continue
+            self.decoded += n * b
+            still = []
+            for r in self.running:
+                r.left -= n
+                r.ctx += n
+                if r.left <= 0:
+                    r.done.set()
+                else:
+                    still.append(r)
+            self.running = still
+
+
+def _healthy(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"success": True})
+
+
+class SimClient(GenerationClient):
+    """The controller's generation client over ``SimEngine``s (see the module docstring)."""
+
+    def __init__(self, engines: list[SimEngine], config, cfg, rng: np.random.Generator) -> None:
+        super().__init__([e.url for e in engines], config)
+        self.engines = {e.url: e for e in engines}
+        # what reaches HTTP outside ``_request`` (the /health probes): an always-healthy engine
+        self._http = httpx.AsyncClient(transport=httpx.MockTransport(_healthy))
+        self.cfg, self.rng, self.lengths = cfg, rng, engines[0].c.lengths
+        self.turn_text = (
+            '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+            if cfg.designer.setting == "tool_use" or getattr(cfg, "_sim_tool_use", False)
+            else "\\boxed{a}"
+        )
+        self._ids = itertools.count()
+
+    def _draw(self, role: int, cap: int) -> tuple[int, bool]:
+        ln = self.lengths
+        median, sigma = {
+            ROLE_AGENT: (ln.agent_reply_median, ln.agent_reply_sigma),
+            ROLE_HINT: (ln.hint_reply_median, ln.hint_reply_sigma),
+        }.get(role, (ln.designer_reply_median, ln.designer_reply_sigma))
+        return lognormal(self.rng, median, sigma, cap)
+
+    def _text(self, role: int) -> str:
+        if role == ROLE_AGENT:
+            return self.turn_text
+        if role == ROLE_HINT:
+            return "Think about the corners first."
+        n = next(self._ids)  # a distinct environment each time (memory dedups equal code)
+        return f"```python\nclass SimEnv{n}:\n    uid = {n}  # {self.rng.integers(1 << 62)}\n```"
+
+    async def _generate_on_some_engine(self, req, session_key):
+        token = _SESSION.set(session_key)
+        try:
+            return await super()._generate_on_some_engine(req, session_key)
+        finally:
+            _SESSION.reset(token)
+
+    def end_session(self, session_key: str) -> None:
+        super().end_session(session_key)
+        for e in self.engines.values():
+            e.cache.pop(session_key, None)
+
+    async def _request(self, method: str, url: str, path: str, data: bytes | None) -> bytes:
+        if path != "/generate":
+            return b'{"success": true, "message": ""}'
+        eng = self.engines[url]
+        req = _REQ.decode(data)
+        raw = bytes(req.input_ids)
+        n_in = raw.count(b",") + 1
+        role = int(raw[1 : raw.index(b",")]) if n_in > 1 else ROLE_AGENT
+        if role == ROLE_DESIGNER:  # the simulator has no corpus: the prompt's real size
+            n_in = max(n_in, self.lengths.designer_prompt_tokens)
+        sp = req.sampling_params
+        session = _SESSION.get()
+        cached = eng.cache.get(session, 0) if session else 0  # the radix cache's prefix
+        outs = []
+        for _ in range(max(1, sp.n)):
+            out, cut = self._draw(role, sp.max_new_tokens)
+            run = _Run(max(1, n_in - cached), n_in, out, cut, 0, role)
+            eng.submit(run, req.priority)
+            outs.append(run)
+        for run in outs:
+            await run.done.wait()
+        if session:
+            eng.cache[session] = n_in + outs[0].out
+        return self._encode(outs, eng, n_in)
+
+    def _encode(self, outs: list[_Run], eng: SimEngine, n_in: int) -> bytes:
+        parts = []
+        for r in outs:
+            finish = '{"type":"length"}' if r.cut else f'{{"type":"stop","matched":{EOS}}}'
+            spans = ""
+            if r.v0 != eng.version:
+                spans = (f',"weight_versions":[{{"version":"{r.v0}","start":0,"end":{r.out}}}]')
+            parts.append(
+                f'{{"text":{msgspec.json.encode(self._text(r.role)).decode()},'
+                f'"output_ids":{_ids_json(r.out, not r.cut)},"meta_info":{{"id":"s",'
+                f'"prompt_tokens":{n_in},"completion_tokens":{r.out},"finish_reason":{finish},'
+                f'"weight_version":"{eng.version}"{spans},'
+                f'"output_token_logprobs":{_lps_json(r.out)}}}}}'
+            )
+        body = parts[0] if len(parts) == 1 else "[" + ",".join(parts) + "]"
+        return body.encode()
