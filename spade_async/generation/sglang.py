@@ -211,7 +211,9 @@ class SGLangServer:
     def _died(self, status: int | None, when: str) -> str:
         """One line: which engine, its exit status, its log's last error line, the log."""
         if not self.cfg.log_path:
-            return f"{self.kind} {self.url} exited with status {status} {when} (its output is above)"
+            return (
+                f"{self.kind} {self.url} exited with status {status} {when} (its output is above)"
+            )
         return failure.died(f"{self.kind} {self.url}", status, self.cfg.log_path, when)
 
     async def stop(self) -> None:
