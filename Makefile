@@ -76,8 +76,8 @@ test-browser: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
 
 lint: $(STAMP)
-	$(BIN)/ruff check spade_async kernels bench tests
-	$(BIN)/ruff format --check spade_async kernels bench
+	$(BIN)/ruff check spade_async kernels bench tests requirements
+	$(BIN)/ruff format --check spade_async kernels bench requirements
 
 bench: $(STAMP)
 	$(BIN)/python bench/$(NAME).py $(ARGS)
