@@ -18,6 +18,7 @@ engine that already holds its prefix (SGLang's radix cache then reuses it).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -95,6 +96,11 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str | None = None  # the oldest weights behind any token (meta_info spans)
     lora_path: str | None = None  # the adapter the request ran on (None: the base)
     adapter_version: int | None = None  # LoRA serving: the policy version of that adapter
+    # routing replay (enable_routes): this request's routes, compact (routed_experts.py),
+    # rows [routes_from, prompt + output - 1); None when the engine sent none. A reply whose
+    # routes do not fit names the engine in routes_problem (the sample is dropped)
+    routed_experts: bytes | None = None
+    routes_problem: str = ""
 
     def policy(self, fallback: int) -> int:
         """The turn's policy version as the trainer counts them: under LoRA serving the
@@ -129,6 +135,7 @@ def request_priority(priority: int | None) -> Iterator[None]:
         _PRIORITY.reset(token)
 
 
+_log = logging.getLogger(__name__)
 _GEN_DECODER = msgspec.json.Decoder(GenerateOutput | list[GenerateOutput])
 
 
@@ -149,6 +156,8 @@ class GenerationClient:
         self.lora = False
         self.adapter: str | None = None
         self._adapter_inflight: dict[str | None, int] = {}
+        self.route_shape = None  # routing replay (enable_routes): a RouteShape
+        self._route_warned: set[str] = set()  # engines already warned about bad routes
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 self.config.request_timeout_s, connect=self.config.connect_timeout_s
@@ -225,6 +234,11 @@ class GenerationClient:
         req = UnloadLoRAAdapterReqInput(lora_name=name)
         await self._fan_out([(url, routes.UNLOAD_LORA, req) for url in urls])
 
+    def enable_routes(self, shape) -> None:
+        """Routing replay: every request that returns log-probs also asks for its MoE routes
+        (``shape``: the model's ``RouteShape``; engines run --enable-return-routed-experts)."""
+        self.route_shape = shape
+
     # ---- generation ------------------------------------------------------------------------
     async def generate(
         self,
@@ -233,6 +247,7 @@ class GenerationClient:
         *,
         return_logprob: bool = True,
         session_key: str | None = None,
+        routes_from: int = 0,
     ) -> GenerateResult:
         """One completion for one prompt (``sampling.n`` must be 1; see ``generate_n``)."""
         sampling = sampling or SamplingParams()
@@ -240,7 +255,11 @@ class GenerationClient:
             raise ValueError(f"generate() takes n=1, got n={sampling.n}; use generate_n()")
         return (
             await self.generate_n(
-                input_ids, sampling, return_logprob=return_logprob, session_key=session_key
+                input_ids,
+                sampling,
+                return_logprob=return_logprob,
+                session_key=session_key,
+                routes_from=routes_from,
             )
         )[0]
 
@@ -251,9 +270,14 @@ class GenerationClient:
         *,
         return_logprob: bool = True,
         session_key: str | None = None,
+        routes_from: int = 0,
     ) -> list[GenerateResult]:
         """``sampling.n`` completions of one prompt, in sample order. Under LoRA serving the
-        request runs on the current adapter, chosen once: its retries keep it."""
+        request runs on the current adapter, chosen once: its retries keep it. With routes
+        enabled (``enable_routes``) a request with log-probs asks for the routes of positions
+        ``routes_from`` on (SGLang's ``routed_experts_start_len``: a later turn of an episode
+        asks only for what it adds)."""
+        want_routes = self.route_shape is not None and return_logprob
         async with self._limiter:
             adapter = self.adapter if self.lora else None
             req = GenerateReqInput(
@@ -262,6 +286,8 @@ class GenerationClient:
                 return_logprob=return_logprob,
                 lora_path=adapter,
                 priority=_PRIORITY.get(),
+                return_routed_experts=want_routes,
+                routed_experts_start_len=routes_from if want_routes else 0,
             )
             self._adapter_inflight[adapter] = self._adapter_inflight.get(adapter, 0) + 1
             try:
@@ -271,7 +297,32 @@ class GenerationClient:
         outs = _decode(_GEN_DECODER, body, url, routes.GENERATE)
         outs = outs if isinstance(outs, list) else [outs]
         version = _adapter_version(adapter) if self.lora else None
-        return [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
+        results = [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
+        if want_routes:
+            results = [
+                self._with_routes(r, o, routes_from) for r, o in zip(results, outs, strict=True)
+            ]
+        return results
+
+    def _with_routes(self, res: GenerateResult, out: GenerateOutput, start: int) -> GenerateResult:
+        """``res`` with its routes decoded and checked against the model's shape and the
+        token count (a misfit: ``routes_problem``, one warning per engine)."""
+        from spade_async.generation.routed_experts import RouteError, decode_sglang
+
+        text = out.meta_info.routed_experts
+        if text is None:
+            return res
+        rows = max(0, res.prompt_tokens + len(res.output_ids) - 1 - start)
+        try:
+            return msgspec.structs.replace(
+                res, routed_experts=decode_sglang(text, self.route_shape, rows)
+            )
+        except RouteError as exc:
+            problem = f"engine {res.url}: {exc}"
+            if res.url not in self._route_warned:
+                self._route_warned.add(res.url)
+                _log.warning("routing replay: %s; its samples are dropped", problem)
+            return msgspec.structs.replace(res, routes_problem=problem)
 
     async def _generate_on_some_engine(
         self, req: GenerateReqInput, session_key: str | None

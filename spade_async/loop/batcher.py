@@ -54,6 +54,7 @@ class AgentBatch:
     zero_advantage: int = 0
     episodes: int = 0
     filtered: int = 0
+    routes_dropped: int = 0  # episodes whose routes misfit (routing replay): dropped
 
     @property
     def samples(self) -> list[Sample]:
@@ -62,12 +63,15 @@ class AgentBatch:
 
 def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
     groups: dict[tuple[str, bool], list[Episode]] = defaultdict(list)
+    out = AgentBatch(slots=[])
     for ep in episodes:
         if ep.status in UNTRAINED_STATUSES:
             continue
+        if routes_misfit(ep.routes_status):  # out of its group, as an engine refusal
+            out.routes_dropped += 1
+            continue
         if ep.turn_spans and (cfg.train_on_hinted or not ep.hinted):
             groups[(ep.env_id, ep.hinted)].append(ep)
-    out = AgentBatch(slots=[])
     for eps in groups.values():
         for ep, adv in zip(eps, grpo_advantages([e.reward for e in eps]), strict=True):
             out.episodes += 1
@@ -79,6 +83,12 @@ def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
                 out.filtered += empty
                 out.slots.append(None if empty else s)
     return out
+
+
+def routes_misfit(status: str) -> bool:
+    """Routes an engine sent that do not fit the sample (``Episode.routes_status``): the
+    sample is dropped. Missing routes ("missing") train without replay."""
+    return status not in ("", "missing")
 
 
 def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[Sample], int]:
@@ -98,6 +108,7 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
                 rollout_logprobs=ep.logprobs,
                 role="agent",
                 policy_version=ep.version,
+                routed_experts=ep.routed_experts,
             )
         ]
     out = []
@@ -113,6 +124,7 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
                 rollout_logprobs=ep.logprobs[:end],
                 role="agent",
                 policy_version=version,
+                routed_experts=ep.routed_experts,  # the trainer reads the rows it runs
             )
         )
     return out
@@ -125,6 +137,8 @@ def designer_samples(
     for s, adv, k in zip(samples, advantages, keep, strict=True):
         if not k or not s.output_ids:  # masked, or nothing generated; zero advantage stays
             continue
+        if routes_misfit(s.routes_status):  # routes that fit no token: dropped (counted)
+            continue
         n = len(s.prompt_ids)
         out.append(
             Sample(
@@ -134,6 +148,7 @@ def designer_samples(
                 rollout_logprobs=[0.0] * n + s.logprobs,
                 role="designer",
                 policy_version=s.version,
+                routed_experts=s.routed_experts,
             )
         )
     return out

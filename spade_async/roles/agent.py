@@ -137,6 +137,11 @@ class Episode(msgspec.Struct, kw_only=True):
     step_rewards: list[float] = []
     step_flags: list[tuple[bool, bool]] = []
     error_kind: str = ""
+    # routing replay (client.enable_routes): the routes of token_ids[:len], compact
+    # (generation/routed_experts.py), and why they are incomplete ("" complete, "missing":
+    # an engine sent none, else the misfit naming the engine: the sample is dropped)
+    routed_experts: bytes = b""
+    routes_status: str = ""
 
     @property
     def version(self) -> int:
@@ -238,6 +243,7 @@ async def play_episode(
     step_rewards: list[float] = []
     step_flags: list[tuple[bool, bool]] = []
     inst = None
+    routes = _Routes(client)
     try:
         inst = await pool.open(env.source, env_id=env.env_id)
         obs, _ = await pool.reset(inst, seed)
@@ -269,7 +275,9 @@ async def play_episode(
                         sampling_seed=(seed * 1009 + conv.turns) % 2**31,  # reproducible plays
                     ),
                     session_key=key,
+                    routes_from=routes.rows,
                 )
+            routes.add(res, len(conv.token_ids))
             start = len(conv.token_ids)
             conv.add_assistant(res.output_ids, res.logprobs or None, res.text)
             spans.append((start, len(conv.token_ids)))
@@ -330,7 +338,27 @@ async def play_episode(
         step_rewards=step_rewards,
         step_flags=step_flags,
         error_kind=error_kind,
+        routed_experts=bytes(routes.data),
+        routes_status=routes.status,
     )
+
+
+class _Routes:
+    """An episode's routes, turn by turn: each turn asks from the first position it lacks
+    (SGLang's ``routed_experts_start_len``) and brings rows up to its last token but one."""
+
+    def __init__(self, client: GenerationClient) -> None:
+        self.on = getattr(client, "route_shape", None) is not None
+        self.data, self.rows, self.status = bytearray(), 0, ""
+
+    def add(self, res, prompt_len: int) -> None:
+        if not self.on or self.status:
+            return
+        if res.routes_problem or res.routed_experts is None:
+            self.status = res.routes_problem or "missing"
+            return
+        self.data += res.routed_experts
+        self.rows = max(self.rows, prompt_len + len(res.output_ids) - 1)
 
 
 def obs_hash(obs: str) -> str:

@@ -28,6 +28,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     rollout_logprobs: list[float]
     role: str = "agent"
     policy_version: int = 0
+    # routing replay (trainer/routing.py): the engine's top-k experts of token p in row p,
+    # [rows, layers, top_k] compact (generation/routed_experts.py); b"": none, no replay
+    routed_experts: bytes = b""
 
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):

@@ -89,6 +89,9 @@ class Trainer:
             self.ref_model = load_policy(ref_cfg, model_dir, self.device, shard=self.distributed)
             self.ref_model.requires_grad_(False)
             self.ref_model.eval()
+        from spade_async.trainer.routing import setup as routing_setup
+
+        self.routing = routing_setup(cfg, self.model, self.ref_model, self.device)  # MoE: R3
         self.sp_group = None
         if self.sp > 1:  # Ulysses: the same packed row on sp ranks, each a slice of it
             from spade_async.trainer.sequence_parallel import setup
@@ -247,6 +250,9 @@ class Trainer:
         loss_tokens = torch.zeros((), device=self.device)
         mismatch_max = torch.zeros((), device=self.device)  # a max, not a token-weighted sum
         n_tokens = 0
+        if self.routing is not None:
+            self.routing.prepare(samples)
+            self.routing.reset()
         for indices in plan[self.rank // self.sp]:
             mb = build_microbatch(samples, indices, packed=packed, pad_to=pad_to)
             weights_T = None
@@ -264,9 +270,13 @@ class Trainer:
                     weights_T = token_slice(weights_T, self.rank % self.sp, self.sp)
                     weights_T = weights_T.to(self.device)
                 mb = shard(mb, self.rank % self.sp, self.sp)
+            if self.routing is not None:
+                self.routing.set_microbatch(mb)  # the engine's routes of these tokens
             mb = mb.to(self.device)
             loss, metrics = self._loss(mb, denominator, weights_T)
             loss.backward()
+            if self.routing is not None:
+                self.routing.clear()
             loss_sum += loss.detach()
             n_tokens += mb.n_tokens
             tok = metrics.pop("tokens")
@@ -274,6 +284,9 @@ class Trainer:
             loss_tokens += tok
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0) + v * tok
+        if self.routing is not None:  # counts, not token-weighted: train_step divides them
+            for k, v in zip(ROUTE_KEYS, self.routing.step_values(), strict=True):
+                acc[k] = v
         keys = sorted(acc)
         self.mismatch_max = mismatch_max  # read by train_step after its one sync
         vec = torch.stack(
@@ -331,6 +344,8 @@ class Trainer:
             skipped_steps=float(self.skipped_steps),
             micro_batches=float(n_micro),
         )
+        if self.routing is not None:
+            _route_metrics(metrics, self.routing)
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:
@@ -340,6 +355,20 @@ class Trainer:
         if hasattr(norm, "full_tensor"):  # DTensor under FSDP2: the global norm
             norm = norm.full_tensor()
         return norm
+
+
+ROUTE_KEYS = ("route_mismatched_n", "route_drifted_n", "route_routed_n")
+
+
+def _route_metrics(metrics: dict[str, float], routing) -> None:
+    """Route shares from the step's counts (both divided by the same loss-token count above,
+    so their ratio is exact) and the samples of this rank trained without replay."""
+    mismatched, drifted, routed = (metrics.pop(k) for k in ROUTE_KEYS)
+    metrics["route_mismatch"] = mismatched / routed if routed else 0.0
+    metrics["route_drift"] = drifted / routed if routed else 0.0
+    metrics["route_replay"] = float(routing.replay)
+    metrics["route_samples_missing"] = float(routing.missing)
+    metrics["route_samples_bad"] = float(routing.bad)
 
 
 def _logprobs(model: PolicyModel, mb) -> torch.Tensor:
