@@ -75,7 +75,7 @@ def convert(cls: type, data: dict) -> Any:
     """Validate ``data`` against ``cls``; unknown keys and wrong types become ConfigError."""
     _check_keys(cls, data, "")
     try:
-        return msgspec.convert(data, cls, strict=False)
+        return msgspec.convert(data, cls, strict=True)  # "3" is no int: every command refuses it
     except msgspec.ValidationError as exc:
         msg = str(exc)
         where = msg.rsplit(" - at `$.", 1)

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from spade_async.errors import SpadeError
+from spade_async.safe_text import term
 
 COMMANDS = {
     "env": ("spade_async.envs.cli", "check generated or hand-written environments"),
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     try:
         return int(module.main(rest) or 0)
-    except SpadeError as exc:
-        print(f"spade {name}: error: {exc}", file=sys.stderr)
+    except SpadeError as exc:  # one line: the message may quote run-directory contents
+        print(f"spade {name}: error: {term(exc)}", file=sys.stderr)
         return 2
     except BaseExceptionGroup as group:  # from a task group: report the user-facing cause
         errors = _leaves(group)
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             [e for e in errors if not isinstance(e, KeyboardInterrupt)]
         ):
             raise
-        print(f"spade {name}: error: {spade[0]}", file=sys.stderr)
+        print(f"spade {name}: error: {term(spade[0])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

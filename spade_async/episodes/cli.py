@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from spade_async.errors import UsageError
+from spade_async.safe_text import json_line, term
 
 
 def _run_dir(path: Path) -> Path:
@@ -43,12 +44,12 @@ def main(argv: list[str]) -> int:
     if args.cmd == "ls":
         if args.json:
             rows = [msgspec.structs.asdict(r) | {"actions": len(r.actions)} for r in recs]
-            print(msgspec.json.encode(rows).decode())
+            print(json_line(rows))
         for r in recs if not args.json else []:
             print(
-                f"{r.id:<16} step {r.step:<4} env {r.env_id[:12]} seed {r.seed:<11} "
-                f"{'hint ' if r.hinted else '     '}{r.status:<11} reward {r.reward:+.3f} "
-                f"turns {len(r.actions)}"
+                f"{term(r.id):<16} step {r.step:<4} env {term(r.env_id[:12])} seed {r.seed:<11} "
+                f"{'hint ' if r.hinted else '     '}{term(r.status, limit=40):<11} "
+                f"reward {r.reward:+.3f} turns {len(r.actions)}"
             )
         if bad:
             print(f"({bad} unreadable line(s) skipped)", file=sys.stderr)
@@ -70,16 +71,19 @@ def main(argv: list[str]) -> int:
     if args.all:
         write_summary(run_dir, summary)
     if args.json:
-        print(msgspec.json.encode(summary).decode())
+        print(json_line(summary))
     else:
         for o in outcomes:
             if not o.exact or not args.all:
                 where = "" if o.call is None else f" at call {o.call}"
-                print(f"{o.id}: {o.verdict}{where}{': ' + o.detail if o.detail else ''}")
+                detail = ": " + term(o.detail, limit=300) if o.detail else ""
+                print(f"{term(o.id)}: {o.verdict}{where}{detail}")
         print(
             f"replayed {summary.checked} episode(s): {summary.exact} exact "
             f"({summary.share:.0%})" + (f"; {bad} unreadable line(s) skipped" if bad else "")
         )
         for env_id, n in sorted(summary.flagged_envs.items()):
-            print(f"flagged: memory environment {env_id[:12]} no longer replays ({n} episode(s))")
+            print(
+                f"flagged: memory environment {term(env_id[:12])} no longer replays ({n} episode(s))"
+            )
     return 0 if summary.exact == summary.checked else 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Literal
@@ -20,6 +21,7 @@ from typing import Literal
 import msgspec
 
 from spade_async.errors import UsageError
+from spade_async.safe_text import term
 
 RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "replay.json"  # the last ``spade episode replay --all``
@@ -114,8 +116,26 @@ def log_episode(rt, env, ep) -> EpisodeRecord | None:
     return rec
 
 
+MAX_LINE = 16 << 20  # bytes: a longer line is damage, not an episode
+_SAFE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def episode_problem(rec: EpisodeRecord) -> str | None:
+    """Why a decoded record cannot be replayed or shown (None when it is whole): ids that
+    name nothing safely, or per-step lists that do not line up (the loop's invariants)."""
+    if not _SAFE.fullmatch(rec.id) or not _SAFE.fullmatch(rec.env_id):
+        return "an id that is not a short safe name"
+    steps = len(rec.step_rewards)
+    if len(rec.step_flags) != steps or steps != max(0, len(rec.obs_hashes) - 1):
+        return "step rewards, flags and observations do not line up"
+    if not steps <= len(rec.actions) <= steps + 1:
+        return "actions do not line up with the steps"
+    return None
+
+
 def read_records(run_dir: str | Path) -> tuple[list[EpisodeRecord], int]:
-    """Every record of the run and how many lines could not be read (torn or foreign)."""
+    """Every record of the run and how many lines could not be read (torn, foreign, or
+    not whole: ``episode_problem``); a bad line is skipped and counted, never fatal."""
     path = records_path(run_dir)
     if not path.is_file():
         return [], 0
@@ -124,9 +144,13 @@ def read_records(run_dir: str | Path) -> tuple[list[EpisodeRecord], int]:
         if not line.strip():
             continue
         try:
-            out.append(_decoder.decode(line))
+            rec = _decoder.decode(line) if len(line) <= MAX_LINE else None
         except msgspec.DecodeError:
+            rec = None
+        if rec is None or episode_problem(rec) is not None:
             bad += 1
+        else:
+            out.append(rec)
     return out, bad
 
 
@@ -137,7 +161,7 @@ def find(run_dir: str | Path, episode_id: str) -> EpisodeRecord:
     ]
     if not hits:
         raise UsageError(
-            f"no episode '{episode_id}' in {records_path(run_dir)}; "
+            f"no episode '{term(episode_id, limit=80)}' in {records_path(run_dir)}; "
             f"list them with 'spade episode ls {run_dir}'"
         )
     if len(hits) > 1:

@@ -11,7 +11,6 @@ mismatch naming the first call that differs. The source comes from the run's mem
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -44,9 +43,9 @@ def sources(run_dir: Path) -> Callable[[str], str | None]:
     """env_id -> the source the run holds for it (memory first, then ``envs/<id>.py``)."""
     store = None
     if (run_dir / "memory.lmdb" / "data.mdb").is_file():
-        from spade_async.memory.store import MemoryStore
+        from spade_async.memory.integrity import open_checked
 
-        store = MemoryStore(run_dir / "memory.lmdb", readonly=True)
+        store = open_checked(run_dir / "memory.lmdb")  # damaged: one line, exit 2
     cache: dict[str, str | None] = {}
 
     def get(env_id: str) -> str | None:
@@ -66,9 +65,10 @@ def sources(run_dir: Path) -> Callable[[str], str | None]:
 
 
 def pool_config(run_dir: Path) -> PoolConfig:
-    """The run's sandbox settings (``envs``), few workers; defaults for an unreadable config."""
+    """The run's sandbox settings (``envs``), few workers; defaults without a config, and
+    a config.toml that does not load is refused as ``spade train`` refuses it (exit 2)."""
     cfg = PoolConfig()
-    with contextlib.suppress(Exception):  # an older or foreign config: the defaults
+    if (run_dir / "config.toml").is_file():
         from spade_async import recipe
 
         cfg = recipe.load(run_dir / "config.toml", []).envs

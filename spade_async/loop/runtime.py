@@ -30,6 +30,7 @@ from spade_async.generation.client import GenerationClient
 from spade_async.launch.external import attach
 from spade_async.launch.router import RoutedClient, running_router
 from spade_async.loop.lora import AdapterBook
+from spade_async.memory.integrity import open_checked
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
@@ -259,7 +260,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         run_dir.hf if resumed is not None and run_dir.hf.is_dir() and not lora else model_dir
     )
     tokenizer = load_tokenizer(str(model_dir) if Path(str(model_dir)).is_dir() else cfg.model)
-    store = MemoryStore(run_dir.memory, cfg.memory)
+    # a resumed run's memory is read whole by a child first: damage is one line, exit 2
+    store = open_checked(run_dir.memory, cfg.memory, readonly=False)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(store.close)
         if cfg.placement.controller_cpus:  # before any child starts: env workers inherit it

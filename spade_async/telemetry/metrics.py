@@ -145,7 +145,8 @@ class MetricsWriter:
 
 def _drop_torn_tail(path: Path) -> None:
     """After a kill mid-write the file may end without a newline: cut the torn line off,
-    otherwise the next append would glue a good record onto it."""
+    otherwise the next append would glue a good record onto it. A last line that is a whole
+    record (only its newline missing) is kept: the newline is added."""
     if not path.exists():
         return
     with open(path, "rb+") as f:
@@ -161,10 +162,19 @@ def _drop_torn_tail(path: Path) -> None:
             f.seek(pos - step)
             cut = f.read(step).rfind(b"\n")
             if cut >= 0:
-                f.truncate(pos - step + cut + 1)
-                return
+                break
             pos -= step
-        f.truncate(0)
+        start = pos - step + cut + 1 if pos > 0 else 0
+        f.seek(start)
+        try:
+            whole = isinstance(_decoder.decode(f.read(size - start)), dict)
+        except msgspec.DecodeError:
+            whole = False
+        if whole:
+            f.seek(size)
+            f.write(b"\n")
+        else:
+            f.truncate(start)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
