@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from spade_async.errors import UsageError
+from spade_async.safe_text import term
 from spade_async.telemetry.dashboard import Dashboard, PlainLogger
 from spade_async.telemetry.metrics import METRICS_FILE, MetricsTail
 
@@ -48,11 +49,11 @@ def main(argv: list[str]) -> int:
     from rich.console import Console
 
     console = Console(width=args.width)
-    title = f"SPADE  {path.parent.resolve().name}"
+    title = f"SPADE  {term(path.parent.resolve().name)}"
     tail = MetricsTail(path)
     if args.once:
         view = Dashboard(console, args.refresh, title=title)
-        for rec in tail.read_new():
+        for rec in tail.read_new() + tail.read_last_line():
             view.update(rec)
         console.print(view.render())
         return 0

@@ -8,6 +8,7 @@ view in ``spade train`` and ``spade dashboard RUN_DIR`` share every line of this
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import deque
@@ -15,6 +16,7 @@ from typing import Any, TextIO
 
 from rich.console import Console, RenderableType
 
+from spade_async.safe_text import term
 from spade_async.telemetry.config import TelemetryConfig
 from spade_async.telemetry.draw import (
     bar,
@@ -26,6 +28,34 @@ from spade_async.telemetry.draw import (
 )
 
 __all__ = ["Dashboard", "PlainLogger", "NullView", "make_view", "sparkline", "histogram", "bar"]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def clean(rec: Any) -> dict[str, Any] | None:
+    """A record as the views may use it (None: nothing to show). ``metrics.jsonl`` is run-
+    directory content: keys and strings go through ``safe_text.term`` (no raw control
+    characters; rich markup is never parsed from them: panels wrap them in ``Text``); a step
+    record keeps numbers, booleans, None and lists of finite numbers only, so a string
+    or an infinity where a number belongs (``time/elapsed_s = "soon"``) is absent."""
+    if not isinstance(rec, dict):
+        return None
+    kind = rec.get("kind", "step")
+    if not isinstance(kind, str) or not _number(rec.get("step", 0)):
+        return None
+    out: dict[str, Any] = {}
+    for key, v in rec.items():
+        key = term(key, limit=120)
+        if isinstance(v, bool) or v is None or _number(v):
+            out[key] = v
+        elif isinstance(v, list):
+            out[key] = finite(v) if kind == "step" else [term(x, limit=80) for x in v[:32]]
+        elif isinstance(v, str) and kind != "step":
+            out[key] = term(v, limit=300)
+    out["kind"] = kind
+    return out
 
 
 class _State:
@@ -47,6 +77,9 @@ class _State:
         self.evals: dict[str, deque] = {}  # eval/<suite>/<metric> -> (policy version, value)
 
     def update(self, rec: dict[str, Any]) -> None:
+        rec = clean(rec)  # type: ignore[assignment]
+        if rec is None:
+            return
         self.records += 1
         kind = rec.get("kind", "step")
         if kind == "env":
@@ -77,7 +110,7 @@ class _State:
         else:
             self.prev = self.latest or None
         self.step = step
-        self.latest = {**self.latest, **rec}
+        self.latest = {k: v for k, v in {**self.latest, **rec}.items() if v is not None}
         for key, v in rec.items():
             if (
                 isinstance(v, (int, float))
@@ -87,7 +120,7 @@ class _State:
                 self.history.setdefault(key, deque(maxlen=self.window)).append((step, v))
         self.regret.extend((step, v) for v in finite(rec.get("regret/values")))
         self.win_rate.extend((step, v) for v in finite(rec.get("win_rate/values")))
-        if "time/elapsed_s" in rec:
+        if _number(rec.get("time/elapsed_s")):
             self.pace.append((step, float(rec["time/elapsed_s"])))
 
     def series(self, key: str) -> list[float]:
@@ -134,7 +167,7 @@ class Dashboard:
     ):
         self.console = console or Console()
         self.refresh_hz = refresh_hz
-        self.title = title
+        self.title = term(title)
         self.state = _State()
         self._lock = threading.Lock()
         self._live = None
@@ -154,7 +187,7 @@ class Dashboard:
 
     def note(self, message: str) -> None:
         with self._lock:
-            self.state.events.append(f"[note] {message}")
+            self.state.events.append(f"[note] {term(message)}")
 
     def start(self) -> None:
         from rich.live import Live
@@ -201,9 +234,12 @@ class PlainLogger:
                 self.state.update(rec)
 
     def note(self, message: str) -> None:
-        print(f"note: {message}", file=self.file, flush=True)
+        print(f"note: {term(message)}", file=self.file, flush=True)
 
     def update(self, record: dict[str, Any]) -> None:
+        record = clean(record)  # type: ignore[assignment]
+        if record is None:
+            return
         kind = record.get("kind", "step")
         if kind == "event":
             print(

@@ -235,6 +235,15 @@ class MetricsTail:
                     out.append(_decoder.decode(line))
         return out
 
+    def read_last_line(self) -> list[dict[str, Any]]:
+        """The line after the last newline, when it is a whole record (``--once``: a run
+        killed after writing a record but before its newline)."""
+        try:
+            rec = _decoder.decode(self._partial) if self._partial.strip() else None
+        except msgspec.DecodeError:
+            return []
+        return [rec] if isinstance(rec, dict) else []
+
 
 class Meters:
     """Busy time per stage, tokens per role and cumulative counters, for step records.

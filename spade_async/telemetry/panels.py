@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from spade_async.safe_text import text
 from spade_async.telemetry.draw import (
     CURVES,
     GATES,
@@ -60,7 +61,9 @@ def throughput(st: Any) -> Panel:
     t = _grid("lrl")
     for role in _ordered(st.keys("tokens_per_s/"), ROLES):
         key = f"tokens_per_s/{role}"
-        t.add_row(role, fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
+        t.add_row(
+            text(role), fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan")
+        )
     return Panel(t, title="tokens/s", title_align="left")
 
 
@@ -71,7 +74,7 @@ def stages(st: Any) -> Panel:
         shown = last if last is not None else total or 0.0
         style = "green" if shown >= 0.7 else "yellow" if shown >= 0.3 else "red"
         t.add_row(
-            stage, bar(shown, 12, style), f"{shown:.0%}",
+            text(stage), bar(shown, 12, style), f"{shown:.0%}",
             Text("run " + ("-" if total is None else f"{total:.0%}"), style="dim"),
         )  # fmt: skip
     r = st.latest
@@ -111,7 +114,7 @@ def phases(st: Any) -> Panel | None:
         busy = " ".join(
             f"{_SHORT.get(p, p)} {v:.0%}" for p, v in parts.items() if p != "idle" and v >= 0.005
         )
-        t.add_row(comp.replace("sandbox ", ""), line)
+        t.add_row(text(comp.replace("sandbox ", "")), line)
         t.add_row("", Text(busy or "idle", style="dim"))
     return Panel(t, title="phase shares (last interval)", title_align="left")
 
@@ -137,7 +140,9 @@ def streams(st: Any) -> Panel:
         cap = st.latest.get(f"stream/{name}/capacity")
         frac = fill / cap if cap else 0.0
         style = "red" if frac >= 1.0 else "yellow" if frac >= 0.75 or fill == 0 else "green"
-        t.add_row(name, bar(frac, 12, style), f"{fill}/{cap if cap is not None else '?'}")
+        t.add_row(
+            text(name), bar(frac, 12, style), text(f"{fill}/{cap if cap is not None else '?'}")
+        )
     return Panel(t, title="streams (fill / capacity)", title_align="left")
 
 
@@ -156,7 +161,7 @@ def designer(st: Any) -> Panel:
         n = r[f"designer/stage/{stage}"]
         share = n / gen if gen else 0.0
         t.add_row(
-            stage, fmt(n), f"{share:.0%}", bar(share, 10, "green" if stage == "ok" else "red")
+            text(stage), fmt(n), f"{share:.0%}", bar(share, 10, "green" if stage == "ok" else "red")
         )
     return Panel(t, title="designer validity by gate", title_align="left")
 
@@ -207,7 +212,7 @@ def evaluation(st: Any) -> Panel | None:
     t = _grid("lrl")
     for key in sorted(evals)[:12]:
         points = list(evals[key])
-        t.add_row(f"{key[5:]} v{points[-1][0]}", fmt(points[-1][1]),
+        t.add_row(text(f"{key[5:]} v{points[-1][0]}"), fmt(points[-1][1]),
                   Text(sparkline([v for _, v in points], 16), style="magenta"))  # fmt: skip
     return Panel(t, title="held-out evaluation", title_align="left")
 
@@ -226,7 +231,7 @@ def health(st: Any) -> Panel:
         return Text("● up", style="green") if ok else Text("✗ DOWN", style="bold red")
 
     for i in sorted(st.keys("engine/", "/healthy"), key=lambda s: (len(s), s)):
-        t.add_row(f"engine {i}", dot(r[f"engine/{i}/healthy"]))
+        t.add_row(text(f"engine {i}"), dot(r[f"engine/{i}/healthy"]))
     if "router/healthy" in r:
         t.add_row("router", dot(r["router/healthy"]))
     if "trainer/healthy" in r:
@@ -241,7 +246,7 @@ def other(st: Any) -> Panel | None:
         return None
     t = _grid("lrl")
     for key in keys[:8]:
-        t.add_row(key, fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
+        t.add_row(text(key), fmt(st.latest[key]), Text(sparkline(st.series(key), 16), style="cyan"))
     return Panel(t, title="other", title_align="left")
 
 
@@ -256,16 +261,22 @@ def environments(st: Any) -> Panel:
         )
     for e in reversed(st.envs):
         ok = e.get("valid")
-        verdict = Text(str(e.get("stage", "ok" if ok else "?")), style="green" if ok else "red")
-        win, reg = e.get("win_rate"), e.get("regret")
-        t.add_row(str(e.get("step", "")), str(e.get("env_id", "")), str(e.get("env_class", "")), str(e.get("skill", "")),
-                  verdict, "-" if win is None else f"{win:.2f}", "-" if reg is None else f"{reg:.2f}")  # fmt: skip
+        verdict = text(e.get("stage", "ok" if ok else "?"), "green" if ok else "red")
+        t.add_row(*(text(e.get(k, "")) for k in ("step", "env_id", "env_class", "skill")),
+                  verdict, _num(e.get("win_rate")), _num(e.get("regret")))  # fmt: skip
     return Panel(t, title="latest environments", title_align="left")
+
+
+def _num(v: Any) -> Text:
+    """A record's rate or regret: a number to 2 places, else what is there, made safe."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return Text(f"{v:.2f}")
+    return text("-" if v is None else v)
 
 
 def render(st: Any, title: str, width: int = 120) -> RenderableType:
     if st.records == 0:
-        return Panel(Text("waiting for metrics...", style="dim"), title=title)
+        return Panel(Text("waiting for metrics...", style="dim"), title=text(title))
     panels = [throughput(st), stages(st), streams(st), designer(st), distributions(st), curves(st)]
     panels += [p for p in (phases(st), mismatch(st)) if p is not None]
     panels += [health(st), *([extra] if (extra := other(st)) is not None else [])]
