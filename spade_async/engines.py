@@ -130,6 +130,9 @@ PRIORITY_FLAGS = ("--enable-priority-scheduling", "--schedule-low-priority-value
 PREEMPTION_THRESHOLD = ("--priority-scheduling-preemption-threshold", "0")
 
 
+ROUTES_FLAG = "--enable-return-routed-experts"  # routing replay (generation/routed_experts.py)
+
+
 def free_port() -> int:
     import socket
 
@@ -168,9 +171,13 @@ def servers(
     *,
     weight_version: int = 0,
     lora=None,
+    routed_experts: bool = False,
 ) -> list[SGLangServer]:
-    """The engine servers of ``cfg``; ``lora`` (``trainer.lora``): they serve its adapters."""
+    """The engine servers of ``cfg``; ``lora`` (``trainer.lora``): they serve its adapters;
+    ``routed_experts`` (``trainer.routing_replay``): they return MoE routes (the CPU engine
+    takes SGLang's flag too)."""
     out: list[SGLangServer] = []
+    routes = [ROUTES_FLAG] if routed_experts and ROUTES_FLAG not in cfg.extra_args else []
     groups = [[]] * cfg.count if cfg.kind == "cpu" else cfg.gpus
     for i, gpus in enumerate(groups):
         port = cfg.base_port + i if cfg.base_port else free_port()
@@ -184,7 +191,7 @@ def servers(
             weight_version=str(weight_version),
             extra_args=list(cfg.extra_args)
             + (
-                lora_flags(lora, cfg.extra_args) + scheduling_flags(cfg)
+                lora_flags(lora, cfg.extra_args) + scheduling_flags(cfg) + routes
                 if cfg.kind == "sglang"
                 else []
             ),
@@ -200,7 +207,7 @@ def servers(
                     threads=cfg.threads,
                     dtype=cfg.dtype,
                     cpus=cfg.cpus,
-                    flags=lora_flags(lora) + scheduling_flags(cfg),
+                    flags=lora_flags(lora) + scheduling_flags(cfg) + routes,
                 )
             )
         else:
@@ -218,10 +225,14 @@ async def running_engines(
     *,
     weight_version: int = 0,
     lora=None,
+    routed_experts: bool = False,
 ) -> AsyncIterator[list[SGLangServer]]:
     """Start every engine (supervised, restarted on crashes) at once; yield them once all
     are healthy; stop them. A failed start stops the others."""
-    procs = servers(cfg, model_dir, log_dir, weight_version=weight_version, lora=lora)
+    procs = servers(
+        cfg, model_dir, log_dir, weight_version=weight_version, lora=lora,
+        routed_experts=routed_experts,
+    )  # fmt: skip
     async with anyio.create_task_group() as tg:
 
         async def launch(p: SGLangServer) -> None:

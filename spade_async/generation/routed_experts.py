@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = [
     "RouteShape", "RouteError", "route_shape", "decode_sglang", "encode_sglang", "rows",
-    "check_sample",
+    "check_sample", "route_shape_of",
 ]  # fmt: skip
 
 
@@ -62,6 +62,23 @@ def route_shape(config) -> RouteShape | None:
     if not experts or not topk:
         return None
     return RouteShape(layers=int(raw["num_hidden_layers"]), topk=topk, experts=experts)
+
+
+def route_shape_of(model_dir) -> RouteShape | None:
+    """The routes of a model directory's config.json, else of the planner's built-in shape
+    of that name (a dry run before the weights are downloaded); None: dense or unknown."""
+    import json
+    from pathlib import Path
+
+    config = Path(str(model_dir)).expanduser() / "config.json"
+    if config.is_file():
+        return route_shape(json.loads(config.read_text()))
+    from spade_async.plan.shapes import model_shape
+
+    shape = model_shape(model_dir)
+    if shape is None or not shape.experts:
+        return None
+    return RouteShape(layers=shape.layers, topk=shape.experts_per_tok, experts=shape.experts)
 
 
 def decode_sglang(text: str, shape: RouteShape, expected_rows: int) -> bytes:

@@ -304,6 +304,7 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
                 run_dir.root,
                 weight_version=0 if lora else state.version,
                 lora=cfg.trainer.lora,
+                routed_experts=cfg.trainer.routing_replay,
             )
         )
         urls = [e.url for e in engines] + list(external)  # external: never stopped by us
@@ -339,6 +340,10 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
         )
+        if cfg.trainer.routing_replay:  # every trained request brings its MoE routes
+            from spade_async.generation.routed_experts import route_shape_of
+
+            client.enable_routes(route_shape_of(model_dir))
         if lora:  # requests name the current adapter; none yet: the base (version 0)
             rt.adapters = AdapterBook([u.rstrip("/") for u in urls])
             client.use_adapters(None)

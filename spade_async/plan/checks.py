@@ -121,6 +121,14 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
                     f"{shape.name} ({shape.model_type}) has no nn.Linear of{why}: use some of "
                     f"{', '.join(linear)}"
                 )
+    if tc.routing_replay:
+        from spade_async.generation.routed_experts import route_shape_of
+
+        if route_shape_of(model_dir or _model_dir(cfg)) is None:
+            raise ConfigError(
+                f"trainer.routing_replay = true: {cfg.model} is a dense model (no MoE router to "
+                "replay); set trainer.routing_replay = false"
+            )
     n = tc.sequence_parallel
     if n < 1:
         raise ConfigError(f"trainer.sequence_parallel = {n}: must be >= 1")

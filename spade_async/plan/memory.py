@@ -456,6 +456,12 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> list[str]:
             f" MB bf16; an adapter-only push (PushWeights mode 'lora') is "
             f"{plan.push_bytes / 1e6:,.1f} MB ({100 * ratio:.2f}% of it)"
         )
+    if tc.routing_replay and s.experts:
+        from spade_async.generation.routed_experts import RouteShape
+        from spade_async.plan.routes import routes_line
+
+        routes = RouteShape(layers=s.layers, topk=s.experts_per_tok, experts=s.experts)
+        lines.append(routes_line(routes, tr.tokens, plan.sample_tokens, cfg.batch_samples))
     return lines
 
 

@@ -84,12 +84,13 @@ class Replay:
                 if ids.size and int(ids.max()) >= self.shape.experts:
                     self.bad += 1
                 else:
-                    chunks.append(torch.from_numpy(ids.astype(np.int64)))
+                    chunks.append(torch.from_numpy(ids.copy()))  # compact until a micro-batch
                     r = len(ids)
             offsets.append(off)
             rows.append(r)
             off += r
-        empty = torch.zeros((1, self.shape.layers, self.shape.topk), dtype=torch.long)
+        dtype = torch.uint8 if self.shape.dtype.itemsize == 1 else torch.int16
+        empty = torch.zeros((1, self.shape.layers, self.shape.topk), dtype=dtype)
         self._all_RLK = torch.cat([*chunks, empty]) if chunks else empty
         self._offset_N = torch.tensor(offsets or [0], dtype=torch.long)
         self._rows_N = torch.tensor(rows or [0], dtype=torch.long)
@@ -104,7 +105,7 @@ class Replay:
         s_T = seq_T.clamp(min=0)
         has_T = (seq_T >= 0) & (pos_T < self._rows_N[s_T])
         index_T = torch.where(has_T, self._offset_N[s_T] + pos_T, 0)
-        self.ids_TLK = self._all_RLK[index_T].to(self.device, non_blocking=True)
+        self.ids_TLK = self._all_RLK[index_T].long().to(self.device, non_blocking=True)
         self.has_T = has_T.to(self.device, non_blocking=True)
         self.counting = True
 
