@@ -71,6 +71,23 @@ def _check_keys(cls: type, data: dict, path: str) -> None:
             _check_keys(sub, value, full)
 
 
+def known_only(cls: type, data: dict, path: str = "") -> tuple[dict, list[str]]:
+    """``data`` without the keys ``cls`` does not know, and those keys: an older or newer
+    run's config, read for its values (``convert`` still refuses a wrong type)."""
+    fields, kept, unknown = _struct_fields(cls), {}, []
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else key
+        sub = _struct_of(fields[key]) if key in fields else None
+        if key not in fields:
+            unknown.append(full)
+        elif sub is not None and isinstance(value, dict):
+            kept[key], more = known_only(sub, value, full)
+            unknown += more
+        else:
+            kept[key] = value
+    return kept, unknown
+
+
 def convert(cls: type, data: dict) -> Any:
     """Validate ``data`` against ``cls``; unknown keys and wrong types become ConfigError."""
     _check_keys(cls, data, "")

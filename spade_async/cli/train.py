@@ -9,7 +9,7 @@ import anyio
 
 from spade_async import placement, recipe
 from spade_async.errors import ConfigError
-from spade_async.rundir import RunDir, default_run_dir
+from spade_async.rundir import RunDir, default_run_dir, read_run_config
 
 
 def main(argv: list[str]) -> int:
@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
         cfg = recipe.load(args.config, args.overrides)
         return run_node(cfg, str(resolve_model(cfg.model)), str(run_dir.root))
     if run_dir.exists():  # resume: the saved config is the base, new overrides still apply
+        read_run_config(run_dir.config)  # a wrong type: the line report and replay give
         cfg = recipe.load(run_dir.config, args.overrides)
         placement.check_devices(cfg)
     else:

@@ -65,13 +65,13 @@ def sources(run_dir: Path) -> Callable[[str], str | None]:
 
 
 def pool_config(run_dir: Path) -> PoolConfig:
-    """The run's sandbox settings (``envs``), few workers; defaults without a config, and
-    a config.toml that does not load is refused as ``spade train`` refuses it (exit 2)."""
+    """The run's sandbox settings (``envs``), few workers; defaults without a config; a
+    config.toml that is not TOML or holds a wrong type is refused as a resume refuses it."""
     cfg = PoolConfig()
     if (run_dir / "config.toml").is_file():
-        from spade_async import recipe
+        from spade_async.rundir import read_run_config
 
-        cfg = recipe.load(run_dir / "config.toml", []).envs
+        cfg = read_run_config(run_dir / "config.toml")[1].envs
     return msgspec.structs.replace(cfg, prewarm=0, max_workers=min(cfg.max_workers, 4))
 
 

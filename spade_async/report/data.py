@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-import tomllib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ class Run:
     episodes: list[Any] = field(default_factory=list)  # episodes.records.EpisodeRecord
     replay: Any = None  # episodes.replay.Summary
     missing: list[str] = field(default_factory=list)
+    damaged: str | None = None  # a damaged memory.lmdb: the one line ``spade report`` exits 2 with
 
     @property
     def name(self) -> str:
@@ -74,13 +74,15 @@ def load_run(path: str | Path) -> Run:
 
 
 def _load_config(run: Run) -> None:
+    """The run's settings; a config.toml that is not TOML or holds a value of the wrong
+    type is refused as a resume refuses it; keys an older version wrote are ignored."""
+    from spade_async.rundir import read_run_config
+
     path = run.root / "config.toml"
-    try:
-        run.config = tomllib.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.is_file():
         run.missing.append("config.toml: absent (the run's settings are unknown)")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        run.missing.append(f"config.toml: unreadable ({exc})")
+        return
+    run.config = read_run_config(path)[0]  # wrong type: one line, exit 2; old keys pass
 
 
 def _load_metrics(run: Run) -> None:
@@ -135,13 +137,15 @@ def _load_memory(run: Run) -> None:
     if not (run.root / "memory.lmdb" / "data.mdb").is_file():
         run.missing.append("memory.lmdb: absent (no environment archive)")
         return
-    from spade_async.memory.store import MemoryStore
+    from spade_async.memory.integrity import DamagedMemory, open_checked
 
     try:
-        with MemoryStore(run.root / "memory.lmdb", readonly=True) as store:
+        with open_checked(run.root / "memory.lmdb") as store:  # read whole by a child first
             run.memory = list(store.records())
     except Exception as exc:  # a damaged or newer store is data for the page, not a crash
         run.missing.append(f"memory.lmdb: unreadable ({str(exc).splitlines()[0][:200]})")
+        if isinstance(exc, DamagedMemory):
+            run.damaged = str(exc)
 
 
 def _load_episodes(run: Run) -> None:

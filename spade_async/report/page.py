@@ -2,18 +2,20 @@
 
 Every section is drawn from ``data``'s functions; a section whose inputs are absent says
 what is missing, and one that fails to draw (a damaged file) says why, so the page always
-renders. All text from the run (environment code, names, messages) is HTML-escaped.
+renders. Every value from the run (environment code, names, messages, keys) goes through
+``esc`` (``safe_text.html_text``): HTML-escaped, and bidirectional or invisible control
+characters shown as a marked ``U+XXXX``, so code cannot read differently than it runs.
 """
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Callable
 from typing import Any
 
 from spade_async.report import data as D
 from spade_async.report import figures as F
+from spade_async.safe_text import html_text
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;
@@ -32,12 +34,15 @@ td,th{border-bottom:1px solid #eee;padding:3px 10px;text-align:left;vertical-ali
 th{background:#f3f3f3}
 pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:420px;font-size:12px}
 details summary{cursor:pointer}code{font-size:12px}
+.ctl{color:#fff;background:#a11;border-radius:2px;padding:0 2px;font-size:10px}
 .cols{display:flex;gap:16px}.cols>div{flex:1;min-width:0}
 """
 
 
 def esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    """Every value the page writes, keys included: HTML-escaped, bidi and invisible
+    controls shown as ``U+XXXX`` (``safe_text.html_text``)."""
+    return html_text(x)
 
 
 def _fmt(v: Any) -> str:
@@ -217,10 +222,10 @@ def s_replay(run: D.Run) -> str:
         return note(f"{len(run.episodes)} episode(s) recorded, replay not checked yet: "
                     f"spade episode replay {run.root} --all")  # fmt: skip
     cls = "ok" if rs["exact"] == rs["checked"] else "bad"
-    out = (f'<p class="{cls}"><b>{rs["share"]:.1%}</b> of {rs["checked"]} episode(s) replay '
-           f"exactly ({', '.join(f'{k}: {v}' for k, v in rs['by_verdict'].items())}).</p>")  # fmt: skip
+    out = (f'<p class="{cls}"><b>{rs["share"]:.1%}</b> of {esc(rs["checked"])} episode(s) replay '
+           f"exactly ({', '.join(f'{esc(k)}: {esc(v)}' for k, v in rs['by_verdict'].items())}).</p>")  # fmt: skip
     if rs["flagged"]:
-        rows = [[f"<code>{esc(k[:12])}</code>", v] for k, v in sorted(rs["flagged"].items())]
+        rows = [[f"<code>{esc(k[:12])}</code>", esc(v)] for k, v in sorted(rs["flagged"].items())]
         out += "<p>Memory environments that no longer replay:</p>"
         out += table(["environment", "episodes that differ"], rows, raw=True)
     return out

@@ -208,8 +208,9 @@ def test_older_run_and_damaged_files(run_copy, capsys):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in recs))
     shutil.rmtree(run_copy / "episodes")
     (run_copy / "memory.lmdb" / "data.mdb").write_bytes(b"not an lmdb file" * 100)
-    assert spade(["report", str(run_copy)]) == 0
-    assert "Traceback" not in capsys.readouterr().err
+    assert spade(["report", str(run_copy)]) == 2  # damaged memory: the page, and one line
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "--repair" in err
     page = (run_copy / "report" / "index.html").read_text()
     assert "not split into training and weight push" in page
     assert "mean |Δ log p|" in page and "KL(engine || trainer)" not in page  # gap only
