@@ -23,6 +23,7 @@ COMMANDS = {
     "report": ("spade_async.report.cli", "an HTML report of a run (figures, archive, eval)"),
     "eval": ("spade_async.eval.cli", "held-out evaluation on the paper's benchmarks"),
     "slurm": ("spade_async.launch.slurm", "print an sbatch script for a multi-node recipe"),
+    "plan": ("spade_async.plan.cli", "simulate a recipe's step time by GPU placement"),
 }
 
 

@@ -78,6 +78,7 @@ class SimEngine:
         self.version = 0
         self.busy_s = 0.0
         self.decoded = 0
+        self.batch_s = 0.0  # running sequences x seconds (mean batch = batch_s / busy_s)
         self.held = 0  # > 0: paused (a push) or the GPUs lent to the trainer (colocated)
         self._wake = anyio.Event()
         self._seq = itertools.count()
@@ -135,6 +136,7 @@ class SimEngine:
                 await self._wake.wait()
             spent = anyio.current_time() - t0
             self.busy_s += spent
+            self.batch_s += b * spent
             if spent >= due - 1e-9:
                 n = k
             else:
