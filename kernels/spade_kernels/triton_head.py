@@ -95,10 +95,10 @@ def _head_rows(
     d_pg = -adv * ratio * (a + (1.0 - a) * inside)
     if HAS_TIS:
         if TIS_CURRENT:
-            base = lp
+            tis_lp = lp
         else:
-            base = old
-        tau = tl.minimum(tl.exp(base - tl.load(roll_ptr + row).to(tl.float32)), tis_cap)
+            tis_lp = old
+        tau = tl.minimum(tl.exp(tis_lp - tl.load(roll_ptr + row).to(tl.float32)), tis_cap)
         pg = tau * pg
         d_pg = tau * d_pg
     loss = pg

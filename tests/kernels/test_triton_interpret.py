@@ -25,7 +25,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 child_only = pytest.mark.skipif(
     not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child of test_under_interpreter"
 )
-N_CHILD_TESTS = 5 + 6  # + the one-pass head's
+N_CHILD_TESTS = 5 + 6 + 2  # + the one-pass head's, + its low_var_kl clamp against slime
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent")
@@ -160,6 +160,64 @@ def test_triton_head_rows_match_float64(interp, agg, option):
         assert_close_norm(a, b, rel, "gradients vs float64")
     for a, b in zip(grads, torch.autograd.grad(got.loss, (h, w)), strict=True):
         assert_close_norm(a, b.double(), 2 * rel, "gradients vs torch rows")
+    scale = max(abs(ref_loss.item()), terms.token_weight_T.abs().sum().item())
+    assert abs(out.loss.item() - ref_loss.item()) <= 10 * rel * scale
+
+
+@child_only
+@pytest.mark.parametrize("tis_current", [False, True])
+def test_triton_head_rows_clamp_low_var_kl_as_slime(interp, tis_current):
+    """The Triton row pass (kernels/triton_head.py ``_head_rows``) on tokens with
+    |ref - logprob| up to 20, on both sides of the clamp's edges: slime's low_var_kl (the
+    value clamped to [-10, 10], no gradient outside) and, with ``tis_current``, its
+    rollout-mode TIS weight, against tests/slime_reference.py in float64 on the same
+    (already rounded) inputs; the fp32 bound of tests/kernels/test_head.py."""
+    import slime_reference as slime
+    import test_head as th
+    import test_slime_loss as ts
+    from spade_kernels.head import PolicyTerms
+    from spade_kernels.triton_head import TritonHeadRows
+
+    h, w, y, x = th._data(seed=3, t=T)
+    h64, w64 = h.detach().double(), w.detach().double()
+    lp64, _ = slime.head_logprobs(h64, w64, y, 0.8)
+    d = torch.linspace(-20.0, 20.0, T, dtype=torch.float64)
+    d[: len(ts.EDGES)] = torch.tensor(ts.EDGES, dtype=torch.float64)
+    x["ref"] = (lp64 + d).float()  # fp32 inputs, as the trainer's; edges 1e-2 from k3 = 10
+    if tis_current:
+        x["old"] = x["roll"]
+    terms = PolicyTerms(
+        K.loss_weights(x["mask"], "token"),
+        x["adv"],
+        old_logprob_T=x["old"],
+        rollout_logprob_T=x["roll"],
+        ref_logprob_T=x["ref"],
+        kl_coef=0.5,
+        tis_current=tis_current,
+    )
+    rows = TritonHeadRows(block_v=64, num_warps=1)
+    import spade_kernels.dispatch as dispatch
+
+    orig = dispatch._head_rows
+    dispatch._head_rows = lambda backend, device: rows
+    try:
+        out = K.policy_head(h, w, y, terms, temperature=0.8, chunk_bytes=7 * th.V * 4)
+    finally:
+        dispatch._head_rows = orig
+    grads = torch.autograd.grad(out.loss, (h, w))
+    h64, w64 = h64.requires_grad_(), w64.requires_grad_()
+    lp, _ = slime.head_logprobs(h64, w64, y, 0.8)
+    x64 = {k: v.double() for k, v in x.items() if v.dtype.is_floating_point}
+    ref_loss = slime.slime_loss(
+        [lp], [x64["mask"]], [x64["adv"]], mode="per_token",
+        old_log_probs=None if tis_current else [x64["old"]], rollout_log_probs=[x64["roll"]],
+        use_rollout_logprobs=tis_current, use_tis=True, ref_log_probs=[x64["ref"]],
+        kl_loss_coef=0.5,
+    )  # fmt: skip
+    ref_grads = torch.autograd.grad(ref_loss, (h64, w64))
+    rel = th._bound(h, w, y, x, 0.8)
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert_close_norm(a, b, rel, "gradients vs slime in float64")
     scale = max(abs(ref_loss.item()), terms.token_weight_T.abs().sum().item())
     assert abs(out.loss.item() - ref_loss.item()) <= 10 * rel * scale
 
