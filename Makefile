@@ -88,8 +88,8 @@ clean:
 # GPU machine (its own python3 image; wheels from `make gpu-wheels` travel in .whl/):
 .PHONY: gpu-check gpu-wheels
 gpu-check:
-	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-	PYTHONPATH=/tmp/site:$(CURDIR) python3 bench/gpu_check.py --out $${OUT:-runs/gpu_check} $(ARGS)
+	bash bench/gpu_wheels.sh --install /tmp/site
+	PYTHONPATH=/tmp/site:$(CURDIR):$(CURDIR)/kernels python3 bench/gpu_check.py --out $${OUT:-runs/gpu_check} $(ARGS)
 
 gpu-wheels:
 	bash bench/gpu_wheels.sh

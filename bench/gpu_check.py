@@ -21,9 +21,12 @@ tokens/s, MFU; packed vs padded vs length-sorted; Liger off; the recompute head;
 profiled step), ``export`` (the trainer's ``push_tensor`` path to an engine child process
 over CUDA IPC handles), ``attention`` (torch varlen FlashAttention vs per-sequence SDPA on
 one packed row), ``moe`` (a small Qwen3-MoE step, grouped_mm vs looped experts),
-``sglang`` (skipped unless SGLang imports), ``scale`` (a LoRA step and an
-optimizer-offloaded step beside full fine-tuning, tokens/s ratios in the same run, and one
-32k-token packed row; gpucheck/scale.py; not in the default run: ``--parts trainer,scale``).
+``sglang`` (skipped unless SGLang imports), ``scale`` (an optimizer-offloaded step and a
+LoRA step with its adapter push beside full fine-tuning, tokens/s ratios in the same run,
+and one 32k-token packed row with sequence parallel off; gpucheck/scale.py), ``e2e``
+(``spade train configs/gpu-smoke.toml``: the trainer on the GPU, the CPU engine on the
+host, weights pushed through shared memory; gpucheck/e2e.py). Every part is in the default
+run; their budgets add up to 8 minutes at most (``--dry-run`` prints them).
 The last stdout line is the JSON, also written to ``--out DIR/gpu_check.json``; the step
 profile goes beside it (gpu_check_profile.json).
 """
@@ -61,10 +64,13 @@ make_importable()
 
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
-PART_NAMES = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale")
-# the default run fits one lease with room to rerun; ``scale`` (LoRA / offload / 32k row,
-# ~2 min) is a second call: --parts trainer,scale
-DEFAULT_PARTS = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang")
+PART_NAMES = (
+    "peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale", "e2e"
+)
+# every part, in one call: budgets add up to <= 8 minutes of device time (MAX_DEVICE_S), so
+# one rerun fits the 15-minute lease with the machine's start-up
+DEFAULT_PARTS = PART_NAMES
+MAX_DEVICE_S = 8 * 60
 
 
 def log(msg: str) -> None:
@@ -174,6 +180,13 @@ def summarize(parts: dict) -> dict:
         "lora_vs_full": _get(parts, "scale", "lora_vs_full"),
         "offload_vs_full": _get(parts, "scale", "offload_vs_full"),
         "long_row_tokens_per_s": _get(parts, "scale", "long_row", "tokens_per_s"),
+        "adapter_push_bytes_vs_full": _get(parts, "scale", "adapter_push_bytes_vs_full"),
+        "liger": _get(parts, "trainer", "liger"),
+        "e2e_versions": _get(parts, "e2e", "versions"),
+        "e2e_versions_rise": _get(parts, "e2e", "versions_rise"),
+        "e2e_lost_batches": _get(parts, "e2e", "lost_batches"),
+        "e2e_trainer_tokens_per_s": _get(parts, "e2e", "trainer_tokens_per_s_warm"),
+        "e2e_push_s": _get(parts, "e2e", "push_s_warm"),
     }
 
 
@@ -199,8 +212,21 @@ def main(argv=None) -> int:
         print(f"error: unknown part(s) {bad}; pick from {','.join(PART_NAMES)}", file=sys.stderr)
         return 2
     sizes = sizes_mod.pick(args.device, args.quick)
+    budget = {p: sizes["budget_s"][p] for p in parts}
     if args.dry_run:
-        plan = {"device": args.device, "quick": args.quick, "parts": parts, "sizes": sizes}
+        for p in parts:
+            print(f"part {p:<9} budget {budget[p]:>4} s", file=sys.stderr)
+        total = sum(budget.values())
+        print(f"total budget {total} s ({total / 60:.1f} min; limit {MAX_DEVICE_S} s)",
+              file=sys.stderr)
+        plan = {
+            "device": args.device,
+            "quick": args.quick,
+            "parts": parts,
+            "budget_s": budget,
+            "total_budget_s": total,
+            "sizes": sizes,
+        }
         print(json.dumps(plan))
         return 0
     import torch
@@ -215,7 +241,7 @@ def main(argv=None) -> int:
     if args.device == "cpu" and not args.quick:
         print("error: --device cpu runs only the tiny sizes; add --quick", file=sys.stderr)
         return 2
-    from gpucheck import attention, export, kernels, moe, scale, sglang_part, trainer
+    from gpucheck import attention, e2e, export, kernels, moe, scale, sglang_part, trainer
 
     fns = {
         "peak": trainer.peak_part,
@@ -225,7 +251,8 @@ def main(argv=None) -> int:
         "attention": attention.attention_part,
         "moe": moe.moe_part,
         "sglang": sglang_part.sglang_part,
-        "scale": scale.scale_part,  # LoRA / offload steps beside full FT, a 32k packed row
+        "scale": scale.scale_part,  # offload / LoRA steps beside full FT, a 32k packed row
+        "e2e": e2e.e2e_part,  # spade train on the GPU config
     }
     t0 = time.perf_counter()
     ctx = {"device": args.device, "sizes": sizes, "log": log}

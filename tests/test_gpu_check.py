@@ -35,14 +35,93 @@ def test_dry_run_lists_parts_and_sizes():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert plan["parts"] == ["peak", "kernels", "trainer", "export", "attention", "moe", "sglang"]
+    # every part in one call, scale (LoRA, offload, 32k row) and the end-to-end run included
+    assert plan["parts"] == [
+        "peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale", "e2e"
+    ]
     assert plan["sizes"]["kernels"]["timing"]["V"] == 151936
     assert plan["sizes"]["trainer"]["model"]["hidden_size"] == 2048
     budgets = plan["sizes"]["budget_s"]
-    assert sum(budgets[p] for p in plan["parts"]) < 8 * 60  # rerunnable within the lease
-    assert budgets["trainer"] + budgets["scale"] < 8 * 60  # the second call: trainer,scale
+    # 8 minutes of device time at most, so one rerun fits the 15-minute lease
+    assert plan["total_budget_s"] == sum(budgets[p] for p in plan["parts"]) <= 8 * 60
+    assert budgets["e2e"] <= 4 * 60 and plan["sizes"]["e2e"]["timeout_s"] < budgets["e2e"]
+    assert "total budget 480 s" in proc.stderr
     quick = json.loads(_run("--dry-run", "--quick").stdout.strip().splitlines()[-1])
     assert quick["sizes"]["kernels"]["timing"]["V"] < plan["sizes"]["kernels"]["timing"]["V"]
+    assert quick["total_budget_s"] <= 8 * 60
+
+
+def test_liger_failure_falls_back_to_liger_false_and_says_why(monkeypatch):
+    """Issue 34: a Liger kernel that fails at the first step rebuilds the trainer with
+    trainer.liger = false (Liger's process-wide rebinding undone) instead of sinking the
+    part; later parts inherit it."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import transformers.models.llama.modeling_llama as llama
+    from gpucheck import trainer as gt
+
+    import spade_async.trainer.step as step
+    from spade_async.trainer.config import TrainerConfig
+
+    class FakeTrainer:
+        built: list = []
+
+        def __init__(self, cfg, model_dir, device):
+            FakeTrainer.built.append(cfg.liger)
+            self.cfg = cfg
+
+        def train_step(self, batch):
+            if self.cfg.liger is not False:
+                raise RuntimeError("triton compile failed in liger_rms_norm")
+
+    monkeypatch.setattr(step, "Trainer", FakeTrainer)
+    original = llama.apply_rotary_pos_emb
+    ctx = {"device": "cuda", "log": lambda m: None, "model_dir": "m", "modules": gt._Modules()}
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", "liger's rope")  # the patch's rebinding
+    cfg = TrainerConfig(model="m")
+    result = {}
+    trainer, cfg = gt.first_step(ctx, result, FakeTrainer(cfg, "m", None), cfg, None)
+    assert cfg.liger is False and FakeTrainer.built == ["auto", False]
+    assert "liger = false" in result["liger"] and "triton compile failed" in result["liger"]
+    assert llama.apply_rotary_pos_emb is original  # restored before the rebuild
+    assert ctx["trainer_overrides"] == {"liger": False} and ctx["liger_fallback"] == "false"
+    assert "logprob_backend" not in result  # our own Triton kernels stay on
+
+
+def test_e2e_records_and_child_path(tmp_path):
+    """The end-to-end part reads the policy version after each step from metrics.jsonl and
+    gives `spade train` (and the trainer ranks it starts) the repo and kernels/ on
+    PYTHONPATH ahead of the carried wheels."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    from gpucheck import e2e
+
+    recs = [
+        {"version": v, "train/seconds": 0.5, "train/tokens_per_s": 100.0 * v, "train/push_s": 0.2}
+        for v in (1, 2, 3)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n{}\n")
+    out = e2e.summarize_records(e2e.read_records(tmp_path / "metrics.jsonl"))
+    assert out["versions"] == [1, 2, 3] and out["versions_rise"] and out["lost_batches"] == 0
+    assert out["trainer_tokens_per_s_warm"] == 250.0 and out["push_s_warm"] == 0.2
+    stuck = e2e.summarize_records([dict(recs[0]), dict(recs[0], **{"train/lost_batches": 1})])
+    assert not stuck["versions_rise"] and stuck["lost_batches"] == 1
+    env = e2e.child_env({"PYTHONPATH": "/tmp/site"})
+    root = str(SCRIPT.parents[1])
+    assert env["PYTHONPATH"].split(":") == [root, root + "/kernels", "/tmp/site"]
+    cmd = e2e.command(tmp_path / "run", tmp_path / "m", 4, "cuda", "/dev/shm", [])
+    assert cmd[1:4] == ["-m", "spade_async.cli", "train"] and "max_steps=4" in cmd
+    assert "placement.trainer_gpus=[]" not in cmd  # on the GPU: the config's GPU 0
+
+
+def test_the_run_loop_does_not_import_pyarrow():
+    """The carried wheels leave pyarrow out (55 MB of the 64 MiB carry): `spade train`'s
+    import path must not need it unless a parquet or saved-dataset corpus is read."""
+    code = (
+        "import sys, spade_async.cli.train, spade_async.loop.run, spade_async.loop.runtime; "
+        "assert 'pyarrow' not in sys.modules, 'pyarrow imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
 
 
 @pytest.mark.parametrize(
@@ -135,3 +214,17 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert parts["sglang"].get("skipped") == "sglang not installed" or "error" in parts["sglang"]
     scale = parts["scale"]  # offloaded and long-row steps run on CPU too (LoRA needs peft)
     assert scale["offload"]["tokens_per_s"] > 0 and scale["long_row"]["tokens_per_s"] > 0
+    assert scale["offload"]["ok"] and scale["lora"]["push"]["bytes"] < scale["full"]["push"]["bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cpu_smoke_e2e_spade_train(tmp_path):
+    """`spade train configs/gpu-smoke.toml` end to end with CPU trainer ranks: the policy
+    version after each step rises by one, nothing is lost, pushes go through /dev/shm."""
+    proc = _run("--device", "cpu", "--quick", "--parts", "e2e", timeout=560)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    e2e = json.loads(proc.stdout.strip().splitlines()[-1])["parts"]["e2e"]
+    assert e2e["ok"], e2e.get("error", "") + e2e.get("output_tail", "")
+    assert e2e["versions"] == [1, 2] and e2e["lost_batches"] == 0 and e2e["exit_code"] == 0
+    assert all(x > 0 for x in e2e["push_s"]) and e2e["trainer_tokens_per_s_warm"] > 0

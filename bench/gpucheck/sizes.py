@@ -1,4 +1,4 @@
-"""Problem sizes per run mode: full (H200, < 5 min in all), quick (GPU, small), cpu (tiny)."""
+"""Problem sizes per run mode: full (H200, <= 8 min in all), quick (GPU, small), cpu (tiny)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,17 @@ QWEN3_1B = dict(
     num_key_value_heads=8,
     head_dim=128,
     vocab_size=151936,
+    tie_word_embeddings=True,
+)
+
+# the end-to-end part's model: Qwen3 blocks at SmolLM2-135M's scale (vocabulary from the tokenizer)
+SMOKE = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
     tie_word_embeddings=True,
 )
 
@@ -59,15 +70,22 @@ FULL = {
         "reps": 3,
     },
     "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
+    # spade train configs/gpu-smoke.toml: a Qwen3-shaped ~0.13B (SmolLM2's vocabulary, which
+    # the carried tokenizer has) that the CPU engine generates with on 16 cores
+    "e2e": {"model": SMOKE, "steps": 4, "timeout_s": 225},
+    # per part, seconds; a part past its budget fails (PartTimeout), the run goes on. The
+    # default parts add up to 480 s (8 minutes of device time); the H200 run of 2026-11-30
+    # took 35 s for peak, kernels, trainer and export together
     "budget_s": {
-        "peak": 20,
-        "kernels": 120,
-        "trainer": 190,
-        "export": 40,
-        "attention": 30,
-        "moe": 60,
+        "peak": 15,
+        "kernels": 45,
+        "trainer": 60,
+        "export": 20,
+        "attention": 20,
+        "moe": 25,
         "sglang": 5,
-        "scale": 120,
+        "scale": 50,
+        "e2e": 240,
     },
 }
 
@@ -96,17 +114,10 @@ QUICK["trainer"].update(
 )
 QUICK["attention"].update(T=8192, max_len=2048)
 QUICK["moe"].update(T=1024, reps=2)
-QUICK["budget_s"] = {
-    "peak": 20,
-    "kernels": 60,
-    "trainer": 120,
-    "export": 45,
-    "attention": 30,
-    "moe": 45,
-    "sglang": 10,
-    "scale": 90,
-}
+QUICK["budget_s"] = dict(FULL["budget_s"], e2e=180)
 QUICK["scale"] = {"lora_rank": 16, "steps": 1, "row_tokens": 8192}
+QUICK["e2e"] = {"model": dict(SMOKE, num_hidden_layers=4), "steps": 3, "timeout_s": 160}
+QUICK["budget_s"]["e2e"] = 180
 
 CPU = copy.deepcopy(QUICK)
 CPU["peak"] = {"n": 512, "reps": 5, "dtype": "float32"}
@@ -169,6 +180,13 @@ CPU["budget_s"] = {
     "scale": 120,
 }
 CPU["scale"] = {"lora_rank": 4, "steps": 1, "row_tokens": 512}
+CPU["e2e"] = {
+    "model": dict(SMOKE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "steps": 2,
+    "timeout_s": 420,
+}
+CPU["budget_s"]["e2e"] = 450
 
 
 def pick(device: str, quick: bool) -> dict:

@@ -155,6 +155,75 @@ def _steps(trainer, batch, n: int, layout: str) -> dict:
     return out
 
 
+class _Modules:
+    """Liger's patch rebinds names in transformers' modeling modules process-wide (liger.py):
+    a snapshot of those modules, restored before the trainer is rebuilt with liger off."""
+
+    def __init__(self):
+        import sys
+
+        self.saved = {
+            name: dict(vars(mod))
+            for name, mod in list(sys.modules.items())
+            if name.startswith("transformers.models.") and ".modeling_" in name
+        }
+
+    def restore(self) -> None:
+        import sys
+
+        for name, saved in self.saved.items():
+            mod = sys.modules.get(name)
+            if mod is not None:
+                vars(mod).update(saved)
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def first_step(ctx: dict, result: dict, trainer, tcfg, batch):
+    """The first packed step, with fallbacks that keep the trainer measurable: a failing
+    Liger kernel -> the same trainer rebuilt with ``liger = false`` (said in ``liger``, and
+    ``ctx["trainer_overrides"]`` for the scale and e2e parts); then a failing Triton row
+    pass -> torch row ops. Returns the (trainer, config) that stepped."""
+    import msgspec
+
+    from spade_async.trainer.step import Trainer
+
+    device, log = ctx["device"], ctx["log"]
+    try:
+        trainer.train_step(batch)
+        return trainer, tcfg
+    except Exception as exc:  # noqa: BLE001 - a kernel failure must not hide the trainer
+        if device != "cuda":
+            raise
+        first = exc
+    if tcfg.liger is not False:  # Liger first: its kernels compile at the first forward
+        ctx.pop("trainer", None)
+        del trainer
+        torch.cuda.empty_cache()
+        ctx["modules"].restore()
+        tcfg = msgspec.structs.replace(tcfg, liger=False)
+        ctx["trainer_overrides"] = {"liger": False}
+        ctx["liger_fallback"] = "false"
+        result["liger"] = f"off: liger = false after the first step failed ({_why(first)})"
+        log(f"trainer: {result['liger']}")
+        trainer = ctx["trainer"] = Trainer(tcfg, ctx["model_dir"], torch.device(device))
+        try:
+            trainer.train_step(batch)
+            return trainer, tcfg
+        except Exception as exc:  # noqa: BLE001 - then our own Triton kernels
+            first = exc
+    import spade_kernels.dispatch as dispatch
+
+    dispatch.triton_available = lambda: False  # auto -> torch row ops from here on
+    trainer.optimizer.zero_grad(set_to_none=True)  # drop a half-done step's gradients
+    result["logprob_backend"] = f"torch (triton failed: {_why(first)})"
+    log(f"trainer: {result['logprob_backend']}")
+    trainer.train_step(batch)  # a third failure is the part's error
+    return trainer, tcfg
+
+
 def trainer_part(ctx: dict, result: dict) -> None:
     import msgspec
 
@@ -171,6 +240,7 @@ def trainer_part(ctx: dict, result: dict) -> None:
     log(f"trainer: random model written to {model_dir} in {result['write_model_s']} s")
     t0 = time.perf_counter()
     tcfg = TrainerConfig(model=model_dir, micro_batch_tokens=cfg["micro_batch_tokens"], lr=1e-6)
+    ctx["modules"] = _Modules()  # before Liger patches anything
     trainer = ctx["trainer"] = Trainer(tcfg, model_dir, torch.device(device))
     lm = trainer.model.causal_lm
     result.update(
@@ -192,17 +262,8 @@ def trainer_part(ctx: dict, result: dict) -> None:
     flops = model_flops(lm, batch)
     result["model_flops_per_step"] = flops
     result["logprob_backend"] = "triton" if device == "cuda" else "torch"
-    try:
-        trainer.train_step(batch)
-    except Exception as exc:  # noqa: BLE001 - a Triton failure must not hide the trainer
-        if device != "cuda":
-            raise
-        import spade_kernels.dispatch as dispatch
-
-        dispatch.triton_available = lambda: False  # auto -> torch row ops from here on
-        trainer.optimizer.zero_grad(set_to_none=True)  # drop a half-done step's gradients
-        result["logprob_backend"] = f"torch (triton failed: {type(exc).__name__}: {exc})"[:300]
-        log(f"trainer: {result['logprob_backend']}")
+    result["liger"] = "on" if device == "cuda" and tcfg.liger is not False else "off"
+    trainer, tcfg = first_step(ctx, result, trainer, tcfg, batch)
     result["kernels"] = kernels_line(tcfg, device == "cuda")
     for layout in ("packed", "padded", "padded_sorted"):
         r = result[layout] = _steps(trainer, batch, cfg["steps"], layout)
@@ -225,13 +286,16 @@ def trainer_part(ctx: dict, result: dict) -> None:
         ("liger_off", {"liger": False}),
         ("head_recompute", {"head": "recompute"}),
     ):
-        if name == "liger_off" and device != "cuda":
-            result[name] = {"skipped": "liger runs on CUDA only"}
+        if name == "liger_off" and (device != "cuda" or tcfg.liger is False):
+            why = "liger runs on CUDA only" if device != "cuda" else result["liger"]
+            result[name] = {"skipped": why}
             continue
         ctx.pop("trainer", None)
         del trainer
         if device == "cuda":
             torch.cuda.empty_cache()
+        if change.get("liger") is False:  # undo Liger's process-wide rebinding too
+            ctx["modules"].restore()
         alt_cfg = msgspec.structs.replace(tcfg, **change)
         trainer = ctx["trainer"] = Trainer(alt_cfg, model_dir, torch.device(device))
         r = result[name] = _steps(trainer, batch, cfg["steps"], "packed")

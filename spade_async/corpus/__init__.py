@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from spade_async.corpus.base import CorpusConfig, Document, Reader, TokenTruncator, truncate_words
-from spade_async.corpus.columnar import ArrowDatasetReader, ParquetReader, TextDirReader
 from spade_async.corpus.embedded import LABEL, NAME, embedded_path
 from spade_async.corpus.jsonl import JsonlReader
 from spade_async.errors import ConfigError
@@ -27,6 +26,10 @@ __all__ = ["Corpus", "CorpusConfig", "Document", "open_corpus"]
 def _reader(path_str: str, cfg: CorpusConfig) -> tuple[Reader, str]:
     if path_str == NAME:
         return JsonlReader(embedded_path(), list(cfg.text_fields)), LABEL
+    # pyarrow (~55 MB as a wheel) only for the formats that need it: the run loop imports
+    # this package, and the GPU machine's carried wheels have no room for it
+    from spade_async.corpus.columnar import ArrowDatasetReader, ParquetReader, TextDirReader
+
     path = Path(path_str).expanduser()
     if not path.exists():
         raise ConfigError(
