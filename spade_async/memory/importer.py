@@ -131,10 +131,8 @@ async def import_files(
         limit = anyio.CapacityLimiter(max(1, pool.config.max_workers))
 
         async def one(i: int, path: Path) -> None:
-            async with limit:
-                with open(path, "rb") as f:  # never more than the cap (+1 to see it is over)
-                    data = f.read(MAX_BYTES + 1)
-                reason, verdict = await _validate(path, data, pool, list(seeds))
+            with open(path, "rb") as f:  # never more than the cap (+1 to see it is over)
+                data = f.read(MAX_BYTES + 1)
             code = data.decode("utf-8", errors="replace")
             file_skill = _skill_of(code, skill)
             odd = skill_problem(file_skill)
@@ -142,6 +140,8 @@ async def import_files(
                 outcomes[i] = FileOutcome(path=str(path), outcome="skipped", id=None,
                                           stage="read", reason=odd)  # fmt: skip
                 return
+            async with limit:
+                reason, verdict = await _validate(path, data, pool, list(seeds))
             fields = dict(
                 skill=file_skill,
                 setting=_setting_of(code, setting),
