@@ -69,7 +69,7 @@ def build(root: Path, marker: str | Path) -> dict:
     recs = records(marker)
     write_store(recs, root / "memory.lmdb")
     lines = []
-    for step, (key, p) in enumerate(sorted(pay.items()), start=1):
+    for step, (_key, p) in enumerate(sorted(pay.items()), start=1):
         lines.append({"step": step, "time": 1000.0 + step, "kind": "step", "version": step,
                       "max_steps": 3, "time/elapsed_s": "soon" if step % 2 else p,
                       f"tokens_per_s/{p}": 10.0, f"busy_s/{p}": 1.0, f"idle_s/{p}": 1.0,
@@ -85,7 +85,7 @@ def build(root: Path, marker: str | Path) -> dict:
                       "eval/policy_version": step, f"eval/s{step}/{p}": 0.5})  # fmt: skip
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     eps = []
-    for n, (key, p) in enumerate(sorted(pay.items())):
+    for n, (_key, p) in enumerate(sorted(pay.items())):
         eps.append(EpisodeRecord(
             id=f"s1-{n:08x}", step=1, env_id=recs[n].id, code_sha256="0" * 64,
             setting=p, seed=n, hinted=False, actions=[p], turn_versions=[1],

@@ -46,7 +46,7 @@ BIDI = {
 BREAKOUT = {
     "triple_double": '"""; __import__("pathlib").Path(MARKER).touch(); """',
     "triple_single": "'''; __import__('pathlib').Path(MARKER).touch(); '''",
-    "both_quotes": "'\"\"\"; __import__(\"pathlib\").Path(MARKER).touch() #",
+    "both_quotes": '\'"""; __import__("pathlib").Path(MARKER).touch() #',
     "newline": 'x\n__import__("pathlib").Path(MARKER).touch()\n',
     "fstring": '{__import__("pathlib").Path(MARKER).touch()}',
     "format": "%(x)s {0} {x!r}",
