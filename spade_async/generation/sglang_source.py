@@ -49,6 +49,16 @@ WEIGHT_UPDATER = "sglang/srt/managers/scheduler_components/weight_updater.py"
 CONSTANTS = "sglang/srt/constants.py"
 ENVIRON = "sglang/srt/environ.py"
 _ARG_FIELDS = "sglang/srt/arg_groups/fields/"
+# routing replay (generation/routed_experts.py): the start-length rule, the rows returned,
+# their dtype and layout, the base64 form and the meta_info key
+ROUTED_EXPERTS_FILES = (
+    "sglang/srt/managers/scheduler.py",
+    "sglang/srt/managers/scheduler_components/batch_result_processor.py",
+    "sglang/srt/managers/detokenizer_manager.py",
+    "sglang/srt/managers/tokenizer_manager.py",
+    "sglang/srt/state_capturer/routed_experts.py",
+    "sglang/srt/state_capturer/base.py",
+)
 
 
 class Route(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +106,8 @@ class SGLangSource:
 
     @classmethod
     def from_wheel(cls, wheel: Path) -> SGLangSource:
-        wanted = (HTTP_SERVER, _SERVER_ARGS, WEIGHT_UPDATER, CONSTANTS, ENVIRON, *_STRUCT_FILES)
+        wanted = (HTTP_SERVER, _SERVER_ARGS, WEIGHT_UPDATER, CONSTANTS, ENVIRON, *_STRUCT_FILES,
+                  *ROUTED_EXPERTS_FILES)  # fmt: skip
         with zipfile.ZipFile(wheel) as z:
             names = [n for n in z.namelist() if n in wanted or _is_arg_fields(n)]
             missing = [w for w in wanted if w not in names]
@@ -150,6 +161,10 @@ class SGLangSource:
                     if isinstance(node.value.func, ast.Name):
                         todo.append(node.value.func.id)
         return keys
+
+    def tree(self, path: str) -> ast.Module:
+        """The parsed source of one file read from the wheel."""
+        return self._trees[path]
 
     # ---- request/response classes ---------------------------------------------------------
     def fields(self, cls: str, where: str | None = None) -> set[str]:

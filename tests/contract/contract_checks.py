@@ -224,7 +224,26 @@ def field_problem(src: SGLangSource, cls: str, field: str, where: str | None = N
     return f"SGLang's {cls} has no field '{field}'"
 
 
+# meta_info keys SGLang's tokenizer manager writes by hand (``meta_info["k"] = ...``), which
+# the typed v1 GenerateMetaInfo lacks: routed_experts (routing replay)
+HAND_WRITTEN_META = {"routed_experts": "sglang/srt/managers/tokenizer_manager.py"}
+
+
+def meta_info_stores(src: SGLangSource, path: str) -> set[str]:
+    """The constant keys of ``meta_info[...] = ...`` stores in ``path``."""
+    return {
+        node.slice.value
+        for node in ast.walk(src.tree(path))
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name) and node.value.id == "meta_info"
+        and isinstance(node.slice, ast.Constant)
+    }  # fmt: skip
+
+
 def reply_problem(src: SGLangSource, ep: routes.Endpoint, struct: str, field: str) -> str | None:
+    if ep.path == routes.GENERATE.path and struct == "MetaInfo" and field in HAND_WRITTEN_META:
+        path = HAND_WRITTEN_META[field]
+        return None if field in meta_info_stores(src, path) else f"{path} writes no '{field}'"
     if ep.path == routes.GENERATE.path:
         return field_problem(src, REPLY_CLASSES[struct], field, API_TYPES)
     if field in src.handler_keys(ep.path):
