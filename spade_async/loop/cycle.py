@@ -292,6 +292,10 @@ async def step_batch(
     if cfg.designer_enabled and cfg.designer_train and window_ends and window.samples:
         # the reference's scale counts every actor trajectory of the step (spare_rollout.py:
         # len(actor_samples)), whatever its advantage, and episodes, not fanned-out turns
+        from spade_async.loop.batcher import routes_misfit
+
+        misfit = sum(routes_misfit(s.routes_status) for s in window.samples)
+        rt.meters.count("routes/dropped", misfit)  # dropped by designer_samples
         designer, designer_mean = await designer_batch(rt, window, agent.episodes)
         slots += designer
         window.samples = []  # each window is scored once
@@ -307,6 +311,7 @@ async def step_batch(
     slots, trimmed = trim_batch(slots, cfg.batch_samples)
     rt.meters.count("batch/trimmed", trimmed)
     rt.meters.count("batch/compact_filtered", sum(s is None for s in slots))
+    rt.meters.count("routes/dropped", agent.routes_dropped)  # routes that fit no sample
     normaliser = loss_normaliser(
         len(slots),
         cfg.batch_samples,

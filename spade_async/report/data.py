@@ -323,6 +323,8 @@ def mismatch(run: Run) -> dict[str, tuple[list[int], list[float]]]:
         "KL(engine || trainer)": "train/mismatch_kl",
         "max |Δ log p|": "train/mismatch_max",
         "mean |Δ log p|": "train/logprob_gap",
+        "MoE routes ≠ engine's (share)": "train/route_mismatch",  # 0 with routing replay
+        "MoE router drift (share)": "train/route_drift",
     }
     return {k: v for k, v in ((k, series(run, key)) for k, key in keys.items()) if v[0]}
 
@@ -393,6 +395,7 @@ COMPARE_KEYS = {
     "regret (mean)": "regret/mean",
     "agent tokens/s": "tokens_per_s/agent",
     "mismatch KL": "train/mismatch_kl",
+    "MoE route mismatch": "train/route_mismatch",
 }
 
 

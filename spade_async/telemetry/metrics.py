@@ -31,6 +31,12 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
                                     update (k3 estimator); train/mismatch_max: max |d log p|;
                                     train/is_weight_mean, train/is_weight_sq: the uncapped
                                     importance weights' mean and mean square (their spread)
+  train/route_mismatch       float  MoE: share of token x layer routes the trainer's forward
+                                    used that differ from the engine's (0 with routing
+                                    replay); train/route_drift: its own router's choice vs
+                                    the engine's; train/route_replay: 1 when replaying;
+                                    train/route_samples_missing: samples trained without
+                                    routes; routes/dropped: samples whose routes misfit
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory

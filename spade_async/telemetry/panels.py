@@ -123,7 +123,8 @@ def mismatch(st: Any) -> Panel | None:
     """Live: engine vs trainer log-probs of the sampled tokens, before each update."""
     r = st.latest
     keys = (("train/mismatch_kl", "KL"), ("train/mismatch_max", "max |Δ|"),
-            ("train/logprob_gap", "mean |Δ|"))  # fmt: skip
+            ("train/logprob_gap", "mean |Δ|"), ("train/route_mismatch", "MoE routes ≠"),
+            ("train/route_drift", "router drift"))  # fmt: skip
     if not any(k in r for k, _ in keys):
         return None
     t = _grid("lrl")
