@@ -11,7 +11,8 @@ its own prefix, and pad positions are never trained.
   (bf16/fp16, sm80+). Its signature moved between torch releases: causal masking is
   ``window_size=(-1, 0)`` on newer ones, ``is_causal=True`` on older; grouped-query KV heads
   go in as they are where it takes ``enable_gqa``, else they are repeated to the query
-  heads. Other dtypes fall back to the per-sequence path.
+  heads. Other dtypes fall back to the per-sequence path, and so does a module whose
+  softmax scale is not 1/sqrt(head_dim) on a torch whose varlen_attn takes no ``scale``.
 - ``spade_varlen_sdpa`` (CPU): causal SDPA per packed sequence (transformers' sdpa path
   would build a block-diagonal [T, T] mask and compute every cross-sequence score). The
   sequence bounds are Python ints, handed in once per micro-batch as ``spade_seq_bounds``
@@ -96,6 +97,14 @@ def varlen_call_kwargs(params: frozenset, n_q_heads: int, n_kv_heads: int) -> tu
     return kw, repeat
 
 
+def varlen_scale_ok(params: frozenset, scale: float | None, head_dim: int) -> bool:
+    """Whether this torch's varlen_attn applies ``scale``: the older signature (positional
+    ``is_causal``, no ``scale``) always uses 1/sqrt(head_dim)."""
+    if scale is None or "scale" in params:
+        return True
+    return abs(scale - head_dim**-0.5) <= 1e-6 * head_dim**-0.5
+
+
 def varlen_torch(module, query, key, value, attention_mask, **kwargs):
     """query [1, H, T, d] -> ([1, T, H, d], None) through torch's varlen FlashAttention."""
     cu = kwargs.get("cu_seq_lens_q")
@@ -109,6 +118,9 @@ def varlen_torch(module, query, key, value, attention_mask, **kwargs):
     ):
         return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
     varlen_attn, params = fn
+    scale = kwargs.get("scaling", getattr(module, "scaling", None))
+    if not varlen_scale_ok(params, scale, query.shape[-1]):
+        return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
     q = query[0].transpose(0, 1)  # [T, H, d]
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
@@ -116,7 +128,6 @@ def varlen_torch(module, query, key, value, attention_mask, **kwargs):
     if repeat:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    scale = kwargs.get("scaling", getattr(module, "scaling", None))
     if scale is not None and "scale" in params:
         kw["scale"] = scale
     cu = cu.to(torch.int32)

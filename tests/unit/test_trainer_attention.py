@@ -151,3 +151,18 @@ def test_per_sequence_sdpa_reads_bounds_once_per_micro_batch(monkeypatch):
         mod, q, k, v, None, cu_seq_lens_q=cu, **{attention.BOUNDS_KEY: (0, 4, 9)}
     )
     assert torch.equal(out2, out)
+
+
+def test_varlen_without_a_scale_parameter_serves_only_the_default_scale():
+    """torch's older varlen_attn (2.9/2.10: positional is_causal, return_aux, no scale;
+    torch/nn/attention/varlen.py) always scales by 1/sqrt(head_dim): a module with another
+    softmax scale must take the per-sequence path there, not get a silently wrong one."""
+    from spade_async.trainer import attention
+
+    old = frozenset({"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k",
+                     "is_causal", "return_aux"})
+    new = old | {"scale", "window_size", "enable_gqa"}
+    assert attention.varlen_scale_ok(old, 128**-0.5, 128)
+    assert attention.varlen_scale_ok(old, None, 128)
+    assert not attention.varlen_scale_ok(old, 0.5 * 128**-0.5, 128)
+    assert attention.varlen_scale_ok(new, 0.5 * 128**-0.5, 128)

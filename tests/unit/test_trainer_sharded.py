@@ -95,3 +95,14 @@ def test_offload_load_goes_through_the_placement_and_trains(tiny_model, tmp_path
     assert m["skipped"] == 0.0 and trainer.version == 1
     for name, p in trainer.model.named_parameters():
         assert p.to_local().device.type == "cpu", name
+    # a CUDA rank builds AdamW(fused=True) (step.py: fused on CUDA) over these host shards:
+    # torch's fused kernels list "cpu" (utils/_foreach_utils.py) and DTensor shards
+    # aten._fused_adamw_ (distributed/tensor/_ops/_pointwise_ops.py); step it here
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    before = params[0].to_local().clone()
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    opt.step()
+    assert not torch.equal(params[0].to_local(), before)
+    assert opt.state[params[0]]["exp_avg"].to_local().device.type == "cpu"
