@@ -108,7 +108,7 @@ def placement(gpu: str, quick: bool) -> dict:
 
     from spade_async.sim.throughput import format_rows, sweep
 
-    kw = {"splits": ("4+4",), "stalenesses": (1,), "steps": 3} if quick else {}
+    kw = {"splits": ("4+4",), "stalenesses": (1,), "steps": 3} if quick else {"steps": 13}
     rows = sweep(RECIPE_8B, gpu, **kw)
     print(f"qwen3-8b-games on 8 x {gpu}\n{format_rows(rows)}", file=sys.stderr)
     return {"gpu": gpu, "rows": [asdict(r) for r in rows], "table": format_rows(rows)}

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gpu", default="h100-80gb", help="GPU model (default h100-80gb)")
     ap.add_argument("--costs", default=None, help="a cost file adding [gpu.X] / [model.X]")
     ap.add_argument("--steps", type=int, default=0,
-                    help="simulated steps per run (default: one regeneration window + 1)")
+                    help="simulated steps per run (default: two regeneration windows + 1)")
     ap.add_argument("--staleness", default="0,1,2,3", help="max_staleness values (async)")
     ap.add_argument("--splits", default="2+6,4+4,6+2,colocated", help="placements to try")
     ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",

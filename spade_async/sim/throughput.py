@@ -102,11 +102,11 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
           extra: list[str] | None = None, costs_file=None, progress=None) -> list[Row]:  # fmt: skip
-    """Every split x (sync, async at each staleness); ``steps`` 0: one regeneration window
+    """Every split x (sync, async at each staleness); ``steps`` 0: two regeneration windows
     after the first step."""
     extra = list(extra or [])
     base = recipe.load(path, extra)
-    steps = steps or base.regen_interval + 1
+    steps = steps or 2 * base.regen_interval + 1
     gpu_costs(base.model, gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=costs_file)
     rows = []
     for split in splits:
