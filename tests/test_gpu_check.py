@@ -191,6 +191,7 @@ def test_cpu_smoke_export_without_trainer():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # six parts at tiny sizes: ~2 min alone, more on shared cores
 def test_cpu_smoke_runs_every_part(tmp_path):
     parts = "peak,kernels,trainer,export,sglang,scale"
     proc = _run("--device", "cpu", "--quick", "--out", str(tmp_path), "--parts", parts)
