@@ -103,15 +103,38 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb") -
     }
 
 
-def placement(gpu: str, quick: bool) -> dict:
+def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True) -> dict:
+    """``path``'s table on 8 x ``gpu``; ``full``: max_staleness 0-3, else the recipe's own."""
     from dataclasses import asdict
 
-    from spade_async.sim.throughput import format_rows, sweep
+    from spade_async import recipe
+    from spade_async.sim.throughput import current_split, faster_placement, format_rows, sweep
 
+    cfg = recipe.load(path, [])
     kw = {"splits": ("4+4",), "stalenesses": (1,), "steps": 3} if quick else {"steps": 13}
-    rows = sweep(RECIPE_8B, gpu, **kw)
-    print(f"qwen3-8b-games on 8 x {gpu}\n{format_rows(rows)}", file=sys.stderr)
-    return {"gpu": gpu, "rows": [asdict(r) for r in rows], "table": format_rows(rows)}
+    if not full:
+        kw["stalenesses"] = (cfg.max_staleness,)
+    rows = sweep(path, gpu, **kw)
+    table = format_rows(rows)
+    hint = faster_placement(rows, current_split(cfg), cfg.schedule, cfg.max_staleness)
+    print(f"{path.stem} on 8 x {gpu}\n{table}\n{hint}", file=sys.stderr, flush=True)
+    return {"recipe": path.name, "gpu": gpu, "rows": [asdict(r) for r in rows], "table": table,
+            "recipe_split": current_split(cfg), "faster": hint}  # fmt: skip
+
+
+GPU_RECIPES = ("qwen3-4b-games", "qwen3-4b-tool-use", "qwen3-8b-games", "qwen3-8b-tool-use",
+               "qwen3-30b-a3b-games", "qwen3-30b-a3b-tool-use")  # fmt: skip
+
+
+def all_recipes() -> None:
+    """Every GPU recipe on 8 x H100 and 8 x H200, its own max_staleness (``--recipes``)."""
+    out = []
+    for name in GPU_RECIPES:
+        for gpu in ("h100-80gb", "h200-141gb"):
+            out.append(placement(gpu, False, ROOT / "configs" / f"{name}.toml", full=False))
+            path = ROOT / "bench" / "results" / "simulate_recipes.json"
+            path.write_text(json.dumps({"hardware": machine(), "tables": out}, indent=2) + "\n")
+    print(json.dumps({"bench": "simulate_recipes", "tables": len(out)}))
 
 
 def main() -> None:
@@ -119,7 +142,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="under a minute")
     ap.add_argument("--save", action="store_true", help="write bench/results/simulate.json")
+    ap.add_argument("--recipes", action="store_true",
+                    help="every GPU recipe's table on H100 and H200 (its own max_staleness), "
+                    "saved as bench/results/simulate_recipes.json; long")  # fmt: skip
     args = ap.parse_args()
+    if args.recipes:
+        all_recipes()
+        return
     t0 = time.perf_counter()
     pred = validate()
     steps = 3 if args.quick else 20

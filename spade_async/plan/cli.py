@@ -22,8 +22,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--throughput", action="store_true", help="simulate step time by placement")
     ap.add_argument("--gpu", default="h100-80gb", help="GPU model (default h100-80gb)")
     ap.add_argument("--costs", default=None, help="a cost file adding [gpu.X] / [model.X]")
-    ap.add_argument("--steps", type=int, default=0,
-                    help="simulated steps per run (default: two regeneration windows + 1)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="simulated steps per run (default: two regeneration windows + 1)",
+    )
     ap.add_argument("--staleness", default="0,1,2,3", help="max_staleness values (async)")
     ap.add_argument("--splits", default="2+6,4+4,6+2,colocated", help="placements to try")
     ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
@@ -36,7 +40,11 @@ def main(argv: list[str]) -> int:
     from spade_async import recipe
     from spade_async.sim.costs import gpu_costs
     from spade_async.sim.throughput import (
-        SPLITS, current_split, faster_placement, format_rows, sweep,
+        SPLITS,
+        current_split,
+        faster_placement,
+        format_rows,
+        sweep,
     )  # fmt: skip
 
     try:

@@ -42,8 +42,10 @@ EFFICIENCY: dict[str, tuple[float, str]] = {
     "train_mfu_moe": (0.12, "assumed: FSDP2 without expert parallelism, ~0.4x the dense MFU"),
     "prefill_mfu": (0.45, "assumed: chunked prefill below the measured matmul peak"),
     "decode_hbm": (0.65, "assumed: decode reads weights + KV at 65% of datasheet HBM"),
-    "decode_overhead_s": (0.0015, "assumed: CUDA-graph replay per iteration; SGLang's overlap "
-                          "scheduler hides its CPU side"),
+    "decode_overhead_s": (
+        0.0015,
+        "assumed: CUDA-graph replay per iteration; SGLang's overlap scheduler hides its CPU side",
+    ),
     "push_gb_s": (38.8, "gpu_check.json parts.export: trainer -> engine 38.8 GB/s (H200)"),
     "push_fixed_s": (0.3, "assumed: pause, flush and resume around the update"),
     "env_step_s": (0.0008, "bench/results/env_pool.json pooled_step p90 (0.08 ms median)"),

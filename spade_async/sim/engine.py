@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 
 from spade_async.generation.client import GenerationClient
-from spade_async.generation.protocol import GenerateReqInput, SamplingParams
+from spade_async.generation.protocol import SamplingParams
 from spade_async.sim.costs import Costs, lognormal
 
 __all__ = ["SimEngine", "SimClient", "ROLE_AGENT", "ROLE_HINT", "ROLE_DESIGNER"]
@@ -235,7 +235,7 @@ class SimClient(GenerationClient):
             finish = '{"type":"length"}' if r.cut else f'{{"type":"stop","matched":{EOS}}}'
             spans = ""
             if r.v0 != eng.version:
-                spans = (f',"weight_versions":[{{"version":"{r.v0}","start":0,"end":{r.out}}}]')
+                spans = f',"weight_versions":[{{"version":"{r.v0}","start":0,"end":{r.out}}}]'
             parts.append(
                 f'{{"text":{msgspec.json.encode(self._text(r.role)).decode()},'
                 f'"output_ids":{_ids_json(r.out, not r.cut)},"meta_info":{{"id":"s",'

@@ -16,8 +16,8 @@
 from __future__ import annotations
 
 import zlib
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import anyio

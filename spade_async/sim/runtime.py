@@ -99,7 +99,8 @@ async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
         "engine_busy_share": sum(e.busy_s for e in engines) / max(1e-9, wall * len(engines)),
         "trainer_busy_share": trainer.busy_s / max(1e-9, wall),
         "decoded_tokens": sum(e.decoded for e in engines),
-        "engine_mean_batch": sum(e.batch_s for e in engines) / max(1e-9, sum(e.busy_s for e in engines)),
+        "engine_mean_batch": sum(e.batch_s for e in engines)
+        / max(1e-9, sum(e.busy_s for e in engines)),
         "trained_samples": int(sum(r.get("train/samples", 0) for r in records)),
         "trained_tokens": int(sum(r.get("train/tokens", 0) for r in records)),
         "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in records), default=0),
@@ -108,9 +109,7 @@ async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
         "samples_per_step": [int(r.get("train/samples", 0)) for r in records],
         "max_ages": [r.get("batch/max_agent_age", 0) for r in records],
         "staleness_dropped": records[-1].get("staleness/dropped", 0) if records else 0,
-        "max_groups_buffered": max(
-            (r.get("stream/groups/fill", 0) for r in records), default=0
-        ),
+        "max_groups_buffered": max((r.get("stream/groups/fill", 0) for r in records), default=0),
         "max_memory_queue": depth["memory_writes"],
         "episodes": records[-1].get("agent/consumed", 0) if records else 0,
         "controller_cpu_s": cpu,

@@ -95,7 +95,7 @@ def test_plan_throughput_refuses_unknown_gpu_in_one_line(capsys):
 
 def test_cost_file_adds_a_gpu(tmp_path):
     f = tmp_path / "costs.toml"
-    f.write_text('[gpu.a100-80gb]\nhbm_tb_s = 2.0\nbf16_tflops = 312\nmemory_gib = 80\n')
+    f.write_text("[gpu.a100-80gb]\nhbm_tb_s = 2.0\nbf16_tflops = 312\nmemory_gib = 80\n")
     c = gpu_costs("/models/Qwen3-8B", "a100-80gb", engine_gpus=4, tp=1, trainer_gpus=4,
                   costs_file=f)  # fmt: skip
     h = gpu_costs("/models/Qwen3-8B", "h100-80gb", engine_gpus=4, tp=1, trainer_gpus=4)
