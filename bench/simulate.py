@@ -88,6 +88,8 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb") -
         "steps": sim["steps"],
         "real_s": round(time.perf_counter() - t0, 1),
         "controller_cpu_s_per_step": round(sim["controller_cpu_s"] / max(1, sim["steps"]), 3),
+        # with the simulated engines' own CPU (their scheduling, encoding replies)
+        "process_cpu_s_per_step": round(sim["process_cpu_s"] / max(1, sim["steps"]), 3),
         "peak_rss_mib": round(sim["peak_rss_mib"], 1),
         "virtual_s_per_step": round(sim["wall_s"] / max(1, sim["steps"]), 1),
         "episodes": sim["episodes"],

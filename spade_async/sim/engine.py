@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from contextvars import ContextVar
 from functools import lru_cache
 
@@ -44,6 +45,8 @@ class _Req(msgspec.Struct, frozen=False):
 
 
 _REQ = msgspec.json.Decoder(_Req)
+# CPU seconds the simulated engines spent (scheduling, encoding replies): not the controller's
+SIM_CPU = [0.0]
 _SESSION: ContextVar[str | None] = ContextVar("sim_session", default=None)
 
 
@@ -123,6 +126,7 @@ class SimEngine:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
+            c0 = time.process_time()
             self._admit()
             b = len(self.running)
             k = min(r.left for r in self.running)
@@ -132,8 +136,10 @@ class SimEngine:
             due = prefill + k * t_iter
             self._wake = anyio.Event()
             t0 = anyio.current_time()
+            SIM_CPU[0] += time.process_time() - c0
             with anyio.move_on_after(due):
                 await self._wake.wait()
+            c0 = time.process_time()
             spent = anyio.current_time() - t0
             self.busy_s += spent
             self.batch_s += b * spent
@@ -143,6 +149,7 @@ class SimEngine:
                 n = min(k, max(0, int((spent - prefill) / t_iter))) if spent > prefill else 0
             self._pending_prefill_s = max(0.0, prefill - spent)
             if n == 0:
+                SIM_CPU[0] += time.process_time() - c0
                 continue
             self.decoded += n * b
             still = []
@@ -154,6 +161,7 @@ class SimEngine:
                 else:
                     still.append(r)
             self.running = still
+            SIM_CPU[0] += time.process_time() - c0
 
 
 def _healthy(request: httpx.Request) -> httpx.Response:
@@ -207,6 +215,7 @@ class SimClient(GenerationClient):
     async def _request(self, method: str, url: str, path: str, data: bytes | None) -> bytes:
         if path != "/generate":
             return b'{"success": true, "message": ""}'
+        c0 = time.process_time()
         eng = self.engines[url]
         req = _REQ.decode(data)
         raw = bytes(req.input_ids)
@@ -223,11 +232,15 @@ class SimClient(GenerationClient):
             run = _Run(max(1, n_in - cached), n_in, out, cut, 0, role)
             eng.submit(run, req.priority)
             outs.append(run)
+        SIM_CPU[0] += time.process_time() - c0
         for run in outs:
             await run.done.wait()
+        c0 = time.process_time()
         if session:
             eng.cache[session] = n_in + outs[0].out
-        return self._encode(outs, eng, n_in)
+        body = self._encode(outs, eng, n_in)
+        SIM_CPU[0] += time.process_time() - c0
+        return body
 
     def _encode(self, outs: list[_Run], eng: SimEngine, n_in: int) -> bytes:
         parts = []
