@@ -105,7 +105,9 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb") -
     }
 
 
-def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True) -> dict:
+def placement(
+    gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True, steps: int = 13
+) -> dict:
     """``path``'s table on 8 x ``gpu``; ``full``: max_staleness 0-3, else the recipe's own."""
     from dataclasses import asdict
 
@@ -113,7 +115,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True) 
     from spade_async.sim.throughput import current_split, faster_placement, format_rows, sweep
 
     cfg = recipe.load(path, [])
-    kw = {"splits": ("4+4",), "stalenesses": (1,), "steps": 3} if quick else {"steps": 13}
+    kw = {"splits": ("4+4",), "stalenesses": (1,), "steps": 3} if quick else {"steps": steps}
     if not full:
         kw["stalenesses"] = (cfg.max_staleness,)
     rows = sweep(path, gpu, **kw)
@@ -129,13 +131,15 @@ GPU_RECIPES = ("qwen3-4b-games", "qwen3-4b-tool-use", "qwen3-8b-games", "qwen3-8
 
 
 def all_recipes() -> None:
-    """Every GPU recipe on 8 x H100 and 8 x H200, its own max_staleness (``--recipes``)."""
+    """Every GPU recipe on 8 x H100 and 8 x H200, its own max_staleness, 9 steps each
+    (``--recipes``)."""
     out = []
     for name in GPU_RECIPES:
         for gpu in ("h100-80gb", "h200-141gb"):
-            out.append(placement(gpu, False, ROOT / "configs" / f"{name}.toml", full=False))
-            path = ROOT / "bench" / "results" / "simulate_recipes.json"
-            path.write_text(json.dumps({"hardware": machine(), "tables": out}, indent=2) + "\n")
+            path = ROOT / "configs" / f"{name}.toml"
+            out.append(placement(gpu, False, path, full=False, steps=9))
+            saved = ROOT / "bench" / "results" / "simulate_recipes.json"
+            saved.write_text(json.dumps({"hardware": machine(), "tables": out}, indent=2) + "\n")
     print(json.dumps({"bench": "simulate_recipes", "tables": len(out)}))
 
 
