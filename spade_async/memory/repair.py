@@ -171,7 +171,11 @@ def repair(path: str | Path, config=None) -> tuple[int, Path]:
     fresh = path.with_name(path.name + ".repairing")
     shutil.rmtree(fresh, ignore_errors=True)
     write_store(records, fresh, config)
-    kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 0
+    kept = path.with_name(f"{path.name}.damaged-{stamp}")
+    while kept.exists():  # repaired twice in one second
+        n += 1
+        kept = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
     path.rename(kept)
     fresh.rename(path)
     return len(records), kept
