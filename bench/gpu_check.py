@@ -169,6 +169,7 @@ def summarize(parts: dict) -> dict:
         else None,
         "varlen_speedup": _get(parts, "attention", "varlen_speedup"),
         "moe_grouped_speedup": _get(parts, "moe", "grouped_speedup"),
+        "moe_replay_step_ratio": _get(parts, "moe", "replay_step_ratio"),  # R3, target <= 1.05
         "packed_vs_liger_off": _get(parts, "trainer", "packed_vs_liger_off"),
         "packed_vs_head_recompute": _get(parts, "trainer", "packed_vs_head_recompute"),
         "train_tokens_per_s": _get(parts, "trainer", "packed", "tokens_per_s"),

@@ -177,6 +177,7 @@ def test_cpu_smoke_attention_and_moe():
     moe = parts["moe"]
     assert moe["implementations"] == {"grouped_mm": "grouped_mm", "eager": "eager"}
     assert moe["logprob_rel_l2"] < 1e-4 and moe["grouped_speedup"] > 0
+    assert moe["replay"]["route_mismatch"] == 0.0 and moe["replay_step_ratio"] > 0  # R3
 
 
 @pytest.mark.slow
