@@ -137,7 +137,9 @@ def run(args) -> dict:
         "hardware": {**machine(), "torch_threads": torch.get_num_threads()},
         "workload": {
             "model": "tiny Qwen3-MoE (2 layers, 8 experts, top-2, hidden 64)",
-            "engine_dtype": "bfloat16", "trainer_dtype": "float32", "samples": len(samples),
+            "engine_dtype": "bfloat16",
+            "trainer_dtype": "float32",
+            "samples": len(samples),
             "tokens": sum(len(s.token_ids) for s in samples),
             "micro_batches": with_r["micro_batches"],
         },  # fmt: skip

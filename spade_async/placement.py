@@ -307,10 +307,11 @@ def launch_plan(
     out = []
     lora = cfg.trainer.lora
     engine_model = model_dir if lora is not None else (engine_model_dir or model_dir)
-    for i, srv in enumerate(servers(
+    procs = servers(
         cfg.engine, engine_model, Path(run_dir), lora=lora,
         routed_experts=cfg.trainer.routing_replay,
-    )):
+    )  # fmt: skip
+    for i, srv in enumerate(procs):
         gpus = list(srv.cfg.gpu_ids) if cfg.engine.kind == "sglang" else []
         out.append(
             PlannedProcess(

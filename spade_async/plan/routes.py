@@ -26,7 +26,9 @@ def routes_line(shape: RouteShape, row_tokens: int, sample_tokens: int, batch_sa
     one = route_bytes(shape, sample_tokens)
     per = f"{shape.layers} MoE layers x top-{shape.topk} x {shape.dtype.itemsize} B"
     if batch_samples:
-        step = f"{batch_samples} samples of up to {sample_tokens} tokens: {_mb(one * batch_samples)}"
+        step = (
+            f"{batch_samples} samples of up to {sample_tokens} tokens: {_mb(one * batch_samples)}"
+        )
     else:
         step = f"{_mb(one)} per sample of {sample_tokens} tokens (batch_samples = 0: all)"
     return (

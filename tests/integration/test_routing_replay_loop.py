@@ -53,7 +53,9 @@ def test_async_and_resumed_runs_keep_every_samples_routes(tmp_path, monkeypatch)
     for batch in batches:
         for s in batch.samples:
             check_sample(s.routed_experts, shape, len(s.token_ids), s.loss_mask)
-            turns = max(turns, sum(1 for a, b in zip(s.loss_mask, s.loss_mask[1:]) if b > a))
+            turns = max(
+                turns, sum(1 for a, b in zip(s.loss_mask, s.loss_mask[1:], strict=False) if b > a)
+            )
     assert turns >= 2, "no multi-turn episode reached the trainer"
     for r in _steps(run_dir):
         assert r["train/route_mismatch"] == 0.0 and r["train/route_replay"] == 1.0
