@@ -14,6 +14,7 @@ import sys
 import msgspec
 
 from spade_async.errors import SpadeError, UsageError
+from spade_async.safe_text import json_line, term
 
 _GATES = ("syntax", "structure", "load", "reset", "step", "determinism", "not_done_at_reset",
           "feasibility")  # fmt: skip
@@ -34,11 +35,9 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 def _human(v) -> str:
     """The report, one line per gate; every text from the check is escaped (a reason or a
     name holding a newline cannot add a line of its own)."""
-    from spade_async.envs.replies import clean_text
-
     v = msgspec.structs.replace(
-        v, reason=clean_text(v.reason, 4000), warnings=[clean_text(w) for w in v.warnings],
-        env_class=None if v.env_class is None else clean_text(v.env_class, 200),
+        v, reason=term(v.reason, limit=4000), warnings=[term(w, limit=2000) for w in v.warnings],
+        env_class=None if v.env_class is None else term(v.env_class, limit=200),
     )  # fmt: skip
     lines = []
     if v.valid:
@@ -83,8 +82,8 @@ def main(argv: list[str]) -> int:
     except EnvError as exc:  # the sandbox itself failed (boot, capacity), not the environment
         raise SpadeError(f"the sandbox could not run the check: {exc}") from None
     if args.json:
-        sys.stdout.write(msgspec.json.encode(verdict).decode() + "\n")
+        sys.stdout.write(json_line(verdict) + "\n")
     else:
-        print(f"{args.file}:")
+        print(f"{term(args.file)}:")
         print(_human(verdict))
     return 0 if verdict.valid else 1
