@@ -64,9 +64,7 @@ make_importable()
 
 from gpucheck import sizes as sizes_mod  # noqa: E402
 
-PART_NAMES = (
-    "peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale", "e2e"
-)
+PART_NAMES = ("peak", "kernels", "trainer", "export", "attention", "moe", "sglang", "scale", "e2e")
 # every part, in one call: budgets add up to <= 8 minutes of device time (MAX_DEVICE_S), so
 # one rerun fits the 15-minute lease with the machine's start-up
 DEFAULT_PARTS = PART_NAMES
@@ -218,8 +216,10 @@ def main(argv=None) -> int:
         for p in parts:
             print(f"part {p:<9} budget {budget[p]:>4} s", file=sys.stderr)
         total = sum(budget.values())
-        print(f"total budget {total} s ({total / 60:.1f} min; limit {MAX_DEVICE_S} s)",
-              file=sys.stderr)
+        print(
+            f"total budget {total} s ({total / 60:.1f} min; limit {MAX_DEVICE_S} s)",
+            file=sys.stderr,
+        )
         plan = {
             "device": args.device,
             "quick": args.quick,

@@ -90,8 +90,9 @@ def push_dir(model_bytes: int) -> tuple[str, bool]:
     return tempfile.gettempdir(), False
 
 
-def command(run_dir: Path, model_dir: Path, steps: int, device: str, weight_dir: str,
-            extra: list[str]) -> list[str]:
+def command(
+    run_dir: Path, model_dir: Path, steps: int, device: str, weight_dir: str, extra: list[str]
+) -> list[str]:
     sets = [f"model={model_dir}", f"max_steps={steps}", f"placement.weight_dir={weight_dir}"]
     if device != "cuda":  # the CPU smoke test: the same run with CPU trainer ranks
         sets += ["placement.trainer_gpus=[]", "trainer.mixed_precision=false"]
@@ -156,7 +157,11 @@ def e2e_part(ctx: dict, result: dict) -> None:
         out_file = work / "train.log"
         with open(out_file, "wb") as out:
             proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+                cmd,
+                cwd=ROOT,
+                env=child_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
             try:

@@ -156,7 +156,11 @@ def scale_part(ctx: dict, result: dict) -> None:
         )
         result["long_row"].update(tokens=n, ok=True)
     except Exception as exc:  # noqa: BLE001 - an OOM at 32k is the answer
-        result["long_row"] = {"tokens": n, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+        result["long_row"] = {
+            "tokens": n,
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}"[:400],
+        }
     result["long_row"]["seconds"] = round(time.perf_counter() - t0, 2)
     log(f"scale: long row {result['long_row']}")
     # the part is ok only when every entry is: a failed offload step must not read as a pass

@@ -181,8 +181,15 @@ CPU["budget_s"] = {
 }
 CPU["scale"] = {"lora_rank": 4, "steps": 1, "row_tokens": 512}
 CPU["e2e"] = {
-    "model": dict(SMOKE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "model": dict(
+        SMOKE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
     "steps": 2,
     "timeout_s": 420,
 }

@@ -57,7 +57,7 @@ def offload_problem(offload: str, cuda: bool, backend: str) -> str | None:
     if not cuda:
         return (
             'trainer.offload = "optimizer" needs CUDA on the trainer ranks and this torch has '
-            'none (torch.cuda.is_available() is False): run on a GPU node, or set '
+            "none (torch.cuda.is_available() is False): run on a GPU node, or set "
             'trainer.offload = "none"'
         )
     if not moves_cpu_tensors(backend):
