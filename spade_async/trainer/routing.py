@@ -22,7 +22,7 @@ A re-forward under activation checkpointing replays the same rows again.
 Counters stay on the device (no host sync): ``route_mismatch`` counts token x layer routes
 whose experts (as a set) differ from the engine's among those the policy forward *used*
 (0 with replay), ``route_drift`` those the trainer's own router would pick differently
-(with or without replay). Only the policy's forward counts (the reference's runs without
+(with replay on the inputs the replayed earlier layers gave it). Only the policy's forward counts (the reference's runs without
 grad; a checkpoint re-forward comes after the last layer's hook).
 
 Legend: T tokens of a micro-batch (as the router sees them, flattened), L MoE layers, K

@@ -74,7 +74,7 @@ def test_replay_uses_the_engines_routes_and_lowers_the_mismatch(moe_dir, samples
     assert on["micro_batches"] >= 3 and len(per_micro) == on["micro_batches"]
     assert on["route_mismatch"] == 0.0 and max(per_micro) == 0.0
     assert off["route_mismatch"] > 0 and off["route_mismatch"] == off["route_drift"]
-    assert on["route_drift"] == off["route_drift"]  # the trainer's own router, either way
+    assert on["route_drift"] > 0  # its own router (on replayed inputs) still disagrees
     assert on["mismatch_kl"] < off["mismatch_kl"]
     assert on["route_samples_missing"] == 0 and on["route_replay"] == 1.0
 
