@@ -106,7 +106,8 @@ def _probe_main(path: str, tables: list[str], dupsort: list[str]) -> None:
     spec.loader.exec_module(R)
     out: dict = {"records": 0, "bad": [], "error": None}
     try:
-        env = lmdb.open(path, readonly=True, max_dbs=len(tables) + 2, lock=False,
+        # a reader slot (lock=True): a live run's writer never reuses a page read here
+        env = lmdb.open(path, readonly=True, max_dbs=len(tables) + 2, lock=True,
                         readahead=False)  # fmt: skip
         with env.begin() as txn:
             for name in tables:
