@@ -104,9 +104,10 @@ def test_e2e_records_and_child_path(tmp_path):
     assert out["trainer_tokens_per_s_warm"] == 250.0 and out["push_s_warm"] == 0.2
     stuck = e2e.summarize_records([dict(recs[0]), dict(recs[0], **{"train/lost_batches": 1})])
     assert not stuck["versions_rise"] and stuck["lost_batches"] == 1
-    env = e2e.child_env({"PYTHONPATH": "/tmp/site"})
+    env = e2e.child_env({"PYTHONPATH": "/tmp/site", "MASTER_PORT": "29511", "RANK": "0"})
     root = str(SCRIPT.parents[1])
     assert env["PYTHONPATH"].split(":") == [root, root + "/kernels", "/tmp/site"]
+    assert "MASTER_PORT" not in env and "RANK" not in env  # the trainer part's group
     cmd = e2e.command(tmp_path / "run", tmp_path / "m", 4, "cuda", "/dev/shm", [])
     assert cmd[1:4] == ["-m", "spade_async.cli", "train"] and "max_steps=4" in cmd
     assert "placement.trainer_gpus=[]" not in cmd  # on the GPU: the config's GPU 0

@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "gpu-smoke.toml"
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -47,6 +48,10 @@ def child_env(base: dict | None = None) -> dict:
     """The child's environment: repo root and kernels/ first on PYTHONPATH, then what this
     process was given (the wheels' target dir on the GPU machine)."""
     env = dict(os.environ if base is None else base)
+    # the trainer part's world-size-1 group set these in this process: torchrun's ranks
+    # in the child get their own, and nothing in the controller may read ours
+    for key in DIST_ENV:
+        env.pop(key, None)
     parts = [str(ROOT), str(ROOT / "kernels")]
     parts += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in parts]
     env["PYTHONPATH"] = os.pathsep.join(parts)
