@@ -5,9 +5,12 @@ when ``agent.train_on_hinted``; an episode the environment crashed or the engine
 leaves the group, as in the reference -- a timeout stays, scored ``rewards.timeout_reward``);
 one sample per episode with the loss mask on agent tokens, or with thinking fan-out one
 sample per turn (the prefix up to that turn, mask on that turn only) each carrying the whole
-episode's advantage. A zero-advantage sample stays in the batch (the reference's
-``spare_rollout.py`` keeps every actor trajectory; slime divides the loss by the global
-batch, so it counts in the denominator and, with KL on, carries the KL gradient). With
+episode's advantage; an episode's turn samples share one ``loss_group``, so a sample-mean
+loss takes one token mean over the episode and counts it once (the reference gives them one
+group id: slime's ``group_mask_sums`` and its global batch count episodes). A zero-advantage
+sample stays in the batch (the reference's ``spare_rollout.py`` keeps every actor
+trajectory; slime divides the loss by the global batch, so it counts in the denominator
+and, with KL on, carries the KL gradient). With
 ``agent.compact_filter`` an episode cut short (env truncation, turn or token limit, a reply
 without EOS: the reference's ``TRUNCATED``) keeps its place in its GRPO group and in the
 loss denominator but trains nothing (``--spare-compact-filter`` zeroes its loss mask).
@@ -44,8 +47,9 @@ class BatchStats:
 class AgentBatch:
     """The agent's share of one step.
 
-    ``slots``: trainer samples in episode order, ``None`` for a sample the compact filter
-    emptied (it counts in the loss denominator and the batch trim, and trains nothing).
+    ``slots``: trainer samples in episode order, ``None`` for an episode the compact filter
+    (or masked tool calls) emptied (one unit of the loss denominator and the batch trim,
+    training nothing; with thinking fan-out one for the whole episode).
     ``episodes``: the actor trajectories of the step (every trained-role episode, whatever
     its advantage) -- the reference's ``num_actor_trajectories`` for the role-balance scale.
     """
@@ -74,15 +78,28 @@ def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
             groups[(ep.env_id, ep.hinted)].append(ep)
     for eps in groups.values():
         for ep, adv in zip(eps, grpo_advantages([e.reward for e in eps]), strict=True):
+            group = out.episodes if cfg.thinking_fanout else -1
             out.episodes += 1
             out.zero_advantage += adv == 0.0
-            samples = _episode_samples(ep, adv, cfg.thinking_fanout)
-            compact = cfg.compact_filter and ep.status in COMPACT_STATUSES
-            for s in samples:  # a masked-out sample (compact filter, malformed tool calls)
-                empty = compact or not any(s.loss_mask)  # counts but trains nothing
-                out.filtered += empty
-                out.slots.append(None if empty else s)
+            samples = _episode_samples(ep, adv, cfg.thinking_fanout, group)
+            if cfg.compact_filter and ep.status in COMPACT_STATUSES:
+                samples = []
+            live = [s for s in samples if any(s.loss_mask)]
+            if not live:  # compact filter, malformed tool calls: one unit, trains nothing
+                out.filtered += 1
+                out.slots.append(None)
+            elif cfg.thinking_fanout:  # a masked turn adds nothing to its episode's mean
+                out.slots += live
+            else:
+                out.slots.append(live[0])
     return out
+
+
+def loss_units(slots: Sequence[Sample | None]) -> int:
+    """How many units a sample-mean loss counts in ``slots``: samples, an episode's turn
+    samples (one ``loss_group``) once, and each ``None`` slot (it trains nothing)."""
+    groups = {s.loss_group for s in slots if s is not None and s.loss_group >= 0}
+    return len(groups) + sum(s is None or s.loss_group < 0 for s in slots)
 
 
 def routes_misfit(status: str) -> bool:
@@ -98,7 +115,7 @@ def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[S
     return b.samples, b.zero_advantage
 
 
-def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
+def _episode_samples(ep: Episode, adv: float, fanout: bool, group: int = -1) -> list[Sample]:
     if not fanout:
         return [
             Sample(
@@ -124,6 +141,7 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool) -> list[Sample]:
                 rollout_logprobs=ep.logprobs[:end],
                 role="agent",
                 policy_version=version,
+                loss_group=group,
                 routed_experts=ep.routed_experts,  # the trainer reads the rows it runs
             )
         )

@@ -283,7 +283,13 @@ async def step_batch(
     """Scored episodes (and, at the end of a window, its designer samples) -> the step's
     batch: agent samples (zero-advantage ones kept), designer samples first, staleness
     filter, the reference's trim to ``batch_samples`` and its loss normaliser."""
-    from spade_async.loop.batcher import agent_batch, drop_stale, loss_normaliser, trim_batch
+    from spade_async.loop.batcher import (
+        agent_batch,
+        drop_stale,
+        loss_normaliser,
+        loss_units,
+        trim_batch,
+    )
 
     cfg, st = rt.cfg, rt.state
     agent = agent_batch(episodes, cfg.agent)
@@ -313,7 +319,7 @@ async def step_batch(
     rt.meters.count("batch/compact_filtered", sum(s is None for s in slots))
     rt.meters.count("routes/dropped", agent.routes_dropped)  # routes that fit no sample
     normaliser = loss_normaliser(
-        len(slots),
+        loss_units(slots),  # an episode's turn samples count once
         cfg.batch_samples,
         kl_coef=cfg.trainer.kl_coef,
         entropy_coef=cfg.trainer.entropy_coef,

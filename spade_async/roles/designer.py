@@ -215,7 +215,7 @@ async def design_group(
             examples=list(examples or []),
             routed_experts=res.routed_experts or b"",
             routes_status=res.routes_problem
-            or ("missing" if client.route_shape is not None and res.routed_experts is None else ""),
+            or ("missing" if _wants_routes(client) and res.routed_experts is None else ""),
         )
         with busy("env_pool"):
             source, verdict = await _check(res.text, pool, cfg)
@@ -243,6 +243,10 @@ async def design_group(
         await _retry(client, pool, writer, run_dir, cfg, sample, prompt_ids, busy)
         out.append(sample)
     return out
+
+
+def _wants_routes(client) -> bool:
+    return getattr(client, "route_shape", None) is not None  # routing replay (enable_routes)
 
 
 def _one(cfg: DesignerConfig) -> SamplingParams:

@@ -14,7 +14,7 @@ import msgspec
 
 from spade_async.errors import SpadeError
 
-__all__ = ["Sample", "Batch", "BatchError", "validate_batch"]
+__all__ = ["Sample", "Batch", "BatchError", "loss_units", "validate_batch"]
 
 
 class BatchError(SpadeError):
@@ -28,6 +28,10 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     rollout_logprobs: list[float]
     role: str = "agent"
     policy_version: int = 0
+    # Samples sharing a loss_group >= 0 are one episode's turn samples (thinking fan-out):
+    # a sample-mean loss takes one token mean over all of them and counts them once (slime's
+    # group_id / group_mask_sums); -1: the sample is a unit of its own.
+    loss_group: int = -1
     # routing replay (trainer/routing.py): the engine's top-k experts of token p in row p,
     # [rows, layers, top_k] compact (generation/routed_experts.py); b"": none, no replay
     routed_experts: bytes = b""
@@ -35,10 +39,21 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     samples: list[Sample]
-    # The sample count a sample-mean loss (loss_agg 'seq-mean-*') divides by; 0 = the batch's
-    # own count. Larger when samples count that train nothing (the reference's zero-mask
-    # compact-filtered samples, or its global batch when a short batch is not rescaled).
+    # The unit count (samples; an episode's loss_group counts once) a sample-mean loss
+    # (loss_agg 'seq-mean-*') divides by; 0 = the batch's own count. Larger when units count
+    # that train nothing (the reference's zero-mask compact-filtered samples, or its global
+    # batch when a short batch is not rescaled). 'token' adds one loss token per such unit
+    # (slime counts max(n, 1) loss tokens per sample).
     loss_normaliser: float = 0.0
+
+
+def loss_units(samples: list[Sample]) -> list[int]:
+    """Each sample's unit index in [0, U): samples of one loss_group share theirs."""
+    units: dict[tuple[int, int], int] = {}
+    return [
+        units.setdefault((1, s.loss_group) if s.loss_group >= 0 else (0, i), len(units))
+        for i, s in enumerate(samples)
+    ]
 
 
 def _sample_problem(s: Sample, vocab_size: int) -> str | None:
@@ -73,10 +88,11 @@ def validate_batch(batch: Batch, vocab_size: int) -> None:
     if not batch.samples:
         raise BatchError("batch has no samples; send at least one")
     n = batch.loss_normaliser
-    if n != 0.0 and not (math.isfinite(n) and n >= len(batch.samples)):
+    units = len(set(loss_units(batch.samples)))
+    if n != 0.0 and not (math.isfinite(n) and n >= units):
         raise BatchError(
-            f"loss_normaliser {n} is below the batch's {len(batch.samples)} samples (or not "
-            "finite); send 0 for the batch's own count"
+            f"loss_normaliser {n} is below the batch's {units} samples (an episode's "
+            "loss_group counts once) or not finite; send 0 for the batch's own count"
         )
     for index, sample in enumerate(batch.samples):
         problem = _sample_problem(sample, vocab_size)

@@ -43,17 +43,25 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     clip_high: Doc(float, "PPO upper clip range (ratio <= 1 + clip_high)") = 0.28
     loss_agg: Doc(
         Literal["token", "seq-mean-token-mean", "seq-mean-token-sum"],
-        "token: mean over the batch's loss tokens; seq-mean-*: mean over samples of their mean/sum",
+        "token: mean over the batch's loss tokens (a sample that counts but trains nothing adds "
+        "one, as slime's max(n, 1)); seq-mean-*: mean over samples of their mean/sum (an "
+        "episode's turn samples are one sample, as slime's group_mask_sums)",
     ) = "token"
     old_logprobs: Doc(
         Literal["detached", "rollout"],
-        "PPO 'old' policy: the trainer's own log-probs before the step (detached) or the engine's",
+        "PPO 'old' policy: the trainer's own log-probs before the step (detached) or the engine's "
+        "(rollout; the TIS weight then compares the trainer's own with the engine's, as slime's "
+        "--use-rollout-logprobs --use-tis)",
     ) = "detached"
-    tis_cap: Doc(float, "cap of the truncated importance weight exp(old - rollout); 0 disables") = (
-        2.0
-    )
+    tis_cap: Doc(
+        float,
+        "cap of the truncated importance weight exp(trainer's own log-prob - rollout), detached "
+        "(slime's --tis-clip); 0 disables",
+    ) = 2.0
     kl_coef: Doc(
-        float, "k3 (low_var_kl) penalty towards the kl_reference policy's log-probs; 0 disables"
+        float,
+        "low_var_kl penalty towards the kl_reference policy's log-probs: k3 clamped to [-10, 10], "
+        "no gradient outside (slime's compute_approx_kl); 0 disables",
     ) = 0.0
     kl_reference: Doc(
         Literal["initial", "rollout"],

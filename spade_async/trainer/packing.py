@@ -20,9 +20,16 @@ from dataclasses import dataclass
 
 import torch
 
-from spade_async.trainer.batch import Sample
+from spade_async.trainer.batch import Sample, loss_units
 
-__all__ = ["LAYOUTS", "MicroBatch", "plan_microbatches", "build_microbatch", "loss_denominator"]
+__all__ = [
+    "LAYOUTS",
+    "MicroBatch",
+    "plan_microbatches",
+    "build_microbatch",
+    "loss_denominator",
+    "unit_tokens",
+]
 
 # packed: one row per micro-batch; padded: rows padded to the micro-batch's longest (dynamic
 # padding, as OpenRLHF/TRL collate); padded_max: every row padded to the batch's longest
@@ -55,11 +62,27 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def loss_denominator(samples: list[Sample], agg: str) -> float:
-    """Global normaliser: loss tokens of the batch (token agg) or its sample count."""
+def loss_denominator(samples: list[Sample], agg: str, normaliser: float = 0.0) -> float:
+    """Global normaliser: the batch's loss tokens (token agg) or its unit count (samples; an
+    episode's loss_group once), or ``normaliser`` (``Batch.loss_normaliser``) when set. For
+    token agg each unit ``normaliser`` counts beyond the batch's adds one token: slime counts
+    max(n, 1) loss tokens per sample (``loss_function``'s num_tokens), so a zero-mask
+    sample the batch does not carry still adds one."""
+    units = len(set(loss_units(samples)))
     if agg == "token":
-        return float(sum(sum(s.loss_mask) for s in samples))
-    return float(len(samples))
+        extra = max(0.0, normaliser - units) if normaliser else 0.0
+        return float(sum(sum(s.loss_mask) for s in samples)) + extra
+    return float(normaliser or units)
+
+
+def unit_tokens(samples: list[Sample]) -> list[int]:
+    """Per sample, the loss tokens of its unit (the whole loss_group's): n_s of a
+    seq-mean-token-mean over units (slime's group_mask_sums)."""
+    units = loss_units(samples)
+    count = [0] * len(samples)
+    for u, s in zip(units, samples, strict=True):
+        count[u] += sum(s.loss_mask)
+    return [count[u] for u in units]
 
 
 def _ffd(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:

@@ -29,6 +29,7 @@ from spade_async.trainer.packing import (
     build_microbatch,
     loss_denominator,
     plan_microbatches,
+    unit_tokens,
 )
 
 __all__ = ["Trainer", "lr_lambda"]
@@ -127,16 +128,26 @@ class Trainer:
             return _logprobs(self.ref_model, mb)
 
     def _loss(
-        self, mb, denominator: float, weights_T: torch.Tensor | None = None
+        self,
+        mb,
+        denominator: float,
+        weights_T: torch.Tensor | None = None,
+        unit_tokens_S: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``weights_T``: the per-token loss weights when the caller computed them on more
-        than ``mb`` (a sequence-parallel slice of a row); else from ``mb`` itself."""
+        than ``mb`` (a sequence-parallel slice of a row); else from ``mb`` itself.
+        ``unit_tokens_S``: per batch sample, its unit's loss tokens (seq-mean-token-mean: an
+        episode's turn samples share one mean, whatever micro-batch or rank they land on)."""
         cfg = self.cfg
         want_entropy = cfg.entropy_coef > 0
         ref_T = self._ref_logprobs(mb)
         rollout_T = mb.rollout_logprob_T if cfg.tis_cap > 0 else None
         tis_cap = cfg.tis_cap if cfg.tis_cap > 0 else 1.0
         seq_ids = None if cfg.loss_agg == "token" else mb.local_seq_T
+        seq_tokens_T = None if unit_tokens_S is None else unit_tokens_S[mb.seq_T.clamp(min=0)]
+        # old_logprobs = "rollout": slime's --use-rollout-logprobs --use-tis, the weight
+        # min(exp(log p - rollout), cap) with log p the trainer's own, detached
+        tis_current = cfg.old_logprobs == "rollout"
         # The denominator is the whole batch's (global) count, divided by R because FSDP
         # averages gradients over ranks and the batch loss is their sum.
         scale = denominator / self.world
@@ -150,7 +161,11 @@ class Trainer:
         if fused:  # loss and its gradient w.r.t. the head in one pass (kernels/head.py)
             terms = PolicyTerms(
                 loss_weights(
-                    mb.mask_T, cfg.loss_agg, seq_ids_T=seq_ids, loss_scale_denominator=scale
+                    mb.mask_T.double(),  # 1 / denominator unrounded for a float64 model
+                    cfg.loss_agg,
+                    seq_ids_T=seq_ids,
+                    loss_scale_denominator=scale,
+                    seq_tokens_T=seq_tokens_T,
                 )
                 if weights_T is None
                 else weights_T,
@@ -163,6 +178,7 @@ class Trainer:
                 tis_cap=tis_cap,
                 kl_coef=cfg.kl_coef,
                 entropy_coef=cfg.entropy_coef,
+                tis_current=tis_current,
             )
             head = self.model(
                 mb.input_ids,
@@ -197,6 +213,8 @@ class Trainer:
                 entropy_coef=cfg.entropy_coef,
                 seq_ids_T=seq_ids,
                 loss_scale_denominator=scale,
+                seq_tokens_T=seq_tokens_T,
+                tis_current=tis_current,
             )
         if fused:
             loss = head.loss
@@ -232,9 +250,12 @@ class Trainer:
             raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
         packed = layout == "packed"
         pad_to = max(len(s.token_ids) for s in samples) if layout == "padded_max" else 0
-        denominator = loss_denominator(samples, self.cfg.loss_agg)
-        if batch.loss_normaliser and self.cfg.loss_agg != "token":
-            denominator = batch.loss_normaliser  # samples that count but train nothing
+        # units that count but train nothing (Batch.loss_normaliser) included
+        denominator = loss_denominator(samples, self.cfg.loss_agg, batch.loss_normaliser)
+        unit_tokens_S = units_dev = None
+        if self.cfg.loss_agg == "seq-mean-token-mean":
+            unit_tokens_S = torch.tensor(unit_tokens(samples), dtype=torch.float64)
+            units_dev = unit_tokens_S.to(self.device)
         if self.sp > 1 and not packed:
             raise ValueError("sequence parallel trains packed rows: layout must be 'packed'")
         slots = self.world // self.sp  # an SP group shares one slot's micro-batches
@@ -262,10 +283,11 @@ class Trainer:
                 if self.cfg.loss_agg == "seq-mean-token-mean":
                     # a slice sees part of a sample: mask / (n_s x D), n_s from the whole row
                     weights_T = loss_weights(
-                        mb.mask_T,
+                        mb.mask_T.double(),
                         self.cfg.loss_agg,
                         seq_ids_T=mb.local_seq_T,
                         loss_scale_denominator=denominator / self.world,
+                        seq_tokens_T=unit_tokens_S[mb.seq_T.clamp(min=0)],
                     )
                     weights_T = token_slice(weights_T, self.rank % self.sp, self.sp)
                     weights_T = weights_T.to(self.device)
@@ -273,7 +295,7 @@ class Trainer:
             if self.routing is not None:
                 self.routing.set_microbatch(mb)  # the engine's routes of these tokens
             mb = mb.to(self.device)
-            loss, metrics = self._loss(mb, denominator, weights_T)
+            loss, metrics = self._loss(mb, denominator, weights_T, units_dev)
             loss.backward()
             if self.routing is not None:
                 self.routing.clear()

@@ -77,9 +77,7 @@ CASES = [
 
 
 def _opts(kl, tis, old):
-    return dict(
-        kl_coef=0.5 if kl else 0.0, entropy_coef=0.03 if kl else 0.0, tis=tis, old=old
-    )
+    return dict(kl_coef=0.5 if kl else 0.0, entropy_coef=0.03 if kl else 0.0, tis=tis, old=old)
 
 
 def _ours(path, h, w, y, x, agg, o):

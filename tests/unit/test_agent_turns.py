@@ -155,9 +155,9 @@ def test_a_malformed_tool_call_turn_is_masked_and_an_all_masked_episode_trains_n
     assert b.slots[0].loss_mask == [0, 0, 0, 0, 1] and b.slots[1] is None
     assert (b.episodes, b.filtered) == (2, 1)
     fan = agent_batch(eps, AgentConfig(thinking_fanout=True))  # per turn, masks respected
-    assert [None if s is None else s.loss_mask for s in fan.slots] == [
-        None,
-        [0, 0, 0, 0, 1],
-        None,
+    # a masked turn adds nothing to its episode's one mean (slime's group_mask_sums); an
+    # all-masked episode is one unit that trains nothing, however many turns it had
+    assert [None if s is None else (s.loss_mask, s.loss_group) for s in fan.slots] == [
+        ([0, 0, 0, 0, 1], 0),
         None,
     ]

@@ -100,7 +100,8 @@ def test_activation_checkpointing_gives_same_gradients(tiny_model):
 def test_loss_normaliser_counts_samples_that_train_nothing(tiny_model):
     """A sample-mean loss over 2 samples with ``loss_normaliser`` 8 is the 2-sample loss x 2/8:
     the 6 others (zero-mask compact-filtered ones) count in the denominator, as the
-    reference's global-batch division. Token aggregation ignores it (tokens are the count)."""
+    reference's global-batch division. Token aggregation adds one token for each of them
+    (slime's loss_function counts max(n, 1) loss tokens per sample): 4 tokens -> 10."""
     from spade_async.trainer.step import Trainer
 
     samples = [_ok(), _ok(advantage=-0.25, token_ids=[7, 8, 9, 10])]
@@ -116,6 +117,6 @@ def test_loss_normaliser_counts_samples_that_train_nothing(tiny_model):
     assert losses["seq-mean-token-mean", 8.0] == pytest.approx(
         losses["seq-mean-token-mean", 0.0] * 2 / 8, rel=1e-6
     )
-    assert losses["token", 8.0] == losses["token", 0.0]
+    assert losses["token", 8.0] == pytest.approx(losses["token", 0.0] * 4 / 10, rel=1e-6)
     with pytest.raises(BatchError, match="loss_normaliser 1.0 is below the batch's 2 samples"):
         validate_batch(Batch(samples=samples, loss_normaliser=1.0), vocab_size=50)
