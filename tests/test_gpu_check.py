@@ -231,3 +231,25 @@ def test_cpu_smoke_e2e_spade_train(tmp_path):
     assert e2e["ok"], e2e.get("error", "") + e2e.get("output_tail", "")
     assert e2e["versions"] == [1, 2] and e2e["lost_batches"] == 0 and e2e["exit_code"] == 0
     assert all(x > 0 for x in e2e["push_s"]) and e2e["trainer_tokens_per_s_warm"] > 0
+
+
+def test_trainer_part_group_moves_cpu_tensors_on_cuda(monkeypatch):
+    """Issue 34: the trainer part's group serves the scale part's offload step, whose host
+    shards are broadcast and all-reduced as CPU tensors: cpu:gloo,cuda:nccl, not nccl."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import torch
+    import torch.distributed as dist
+    from gpucheck import trainer as gt
+
+    from spade_async.plan.checks import moves_cpu_tensors
+
+    got = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: got.append(backend))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    gt._init_dist("cuda")
+    gt._init_dist("cpu")
+    assert got == ["cpu:gloo,cuda:nccl", "gloo"]
+    assert all(moves_cpu_tensors(b) for b in got)
