@@ -160,11 +160,21 @@ def e2e_part(ctx: dict, result: dict) -> None:
         log(f"e2e: {result['command']}")
         t0 = time.perf_counter()
         out_file = work / "train.log"
+        env = child_env()
+        if (
+            device == "cuda"
+            and "CUDA_VISIBLE_DEVICES" not in env
+            and not shutil.which("nvidia-smi")
+        ):
+            import torch  # placement finds GPUs by nvidia-smi, else by this variable
+
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(torch.cuda.device_count())))
+            result["cuda_visible_devices"] = env["CUDA_VISIBLE_DEVICES"]
         with open(out_file, "wb") as out:
             proc = subprocess.Popen(
                 cmd,
                 cwd=ROOT,
-                env=child_env(),
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
