@@ -163,6 +163,7 @@ class LoraServing:
             weight_version=version,
             priority=base.priority,
             prefix_cache_bytes=base.prefix.max_bytes,  # --disable-radix-cache reaches it too
+            routed_experts=base.routed_experts,  # --enable-return-routed-experts too
         )
 
     def _refuse(self, message: str, path: str = ""):

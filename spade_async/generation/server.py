@@ -163,7 +163,7 @@ class EngineApp(ControlRoutes):
                     f"{len(prompt)}. "
                     "Please use a smaller routed_experts_start_len."
                 )
-            for seq in group:
+            for seq in group:  # adapter engines capture too (lora.py builds them alike)
                 seq.want_routes, seq.route_start = self.engine.routed_experts, start
 
     def _engines(self, lora_path, n: int) -> list:
