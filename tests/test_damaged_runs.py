@@ -246,3 +246,14 @@ def test_import_skips_and_counts_odd_skills(tmp_path, capsys):
     assert code == 0, err
     assert out.strip().splitlines()[-1].startswith("accepted 1, rejected 0, duplicate 0, skipped 5")
     _one_line_2(["memory", "import", src, "--run", tmp_path / "run", "--skill", "a\x1bb"], capsys)
+
+
+def test_verify_finds_indexes_that_disagree_and_repair_rebuilds_them(run, capsys):
+    env = lmdb.open(str(run / "memory.lmdb"), max_dbs=12)
+    with env.begin(write=True) as txn:
+        txn.put(b"valid", b"f" * 64, db=env.open_db(b"status", txn=txn, dupsort=True))
+    env.close()
+    _one_line_2(["memory", "verify", run], capsys, expect="index entries disagree")
+    assert _answer(["memory", "verify", run, "--repair"], capsys)[0] == 0
+    assert _answer(["memory", "verify", run], capsys)[0] == 0
+    assert _stored(run / "memory.lmdb") == LIVE

@@ -163,12 +163,17 @@ def problem(path: str | Path) -> str | None:
     why = header_problem(path)
     if why is not None:
         return why
-    found = probe(path)
+    return describe(probe(path))
+
+
+def describe(found: dict) -> str | None:
+    """One phrase for what ``probe`` found (None: nothing wrong)."""
     if found["error"]:
         return found["error"]
     if found["bad"]:
         key, what = found["bad"][0]
-        return f"{len(found['bad'])} of {found['records']} records unreadable, e.g. '{key[:16]}': {what}"
+        n, total = len(found["bad"]), found["records"]
+        return f"{n} of {total} records unreadable, e.g. '{key[:16]}': {what}"
     return None
 
 

@@ -147,14 +147,19 @@ def write_store(records: list[EnvRecord], dest: Path, config=None) -> None:
 
 
 def verify(path: str | Path) -> dict:
-    """{"damage": phrase or None, "records": readable by LMDB, "bad": n, "recoverable": n}."""
+    """{"damage": phrase or None, "records": readable by LMDB, "bad": n, "recoverable": n}:
+    the file's meta pages and size, every record read in a child, then the indexes."""
     path = Path(path)
     header = I.header_problem(path)
     found = I.probe(path) if header is None else {"records": 0, "bad": [], "error": header}
-    damage = found["error"]
-    if damage is None and found["bad"]:
-        key, what = found["bad"][0]
-        damage = f"{len(found['bad'])} of {found['records']} records unreadable, e.g. '{key[:16]}': {what}"
+    damage = I.describe(found)
+    if damage is None:  # the records read whole: do the indexes agree with them?
+        from spade_async.memory.store import MemoryStore
+
+        with MemoryStore(path, readonly=True) as store:
+            problems = store.check_consistency()
+        if problems:
+            damage = f"{len(problems)} index entries disagree with the records, e.g. {problems[0]}"
     try:
         recoverable = len(scan(path))
     except OSError:
