@@ -220,3 +220,18 @@ def test_the_report_page_holds_every_payload_escaped(hostile, tmp_path, capsys):
     assert P.raw_controls(page.replace("\n", "")) == []  # bidi and C0/C1 shown, not raw
     assert "U+202E" in page  # the code view marks the override it holds
     assert not marker.exists()
+
+
+def test_an_id_that_is_no_sha256_never_names_a_file(hostile, tmp_path, no_sandbox_rewards):
+    """Defence in depth behind verify: the export functions skip a tampered id."""
+    import msgspec
+
+    root, marker, info = hostile
+    bad = [msgspec.structs.replace(info["records"][0], id=i)
+           for i in ("../../escaped", "/tmp/abs", "x" * 64, "A" * 64)]  # fmt: skip
+    dest = tmp_path / "a" / "b"
+    out = package.export_gymnasium(bad, dest, run_dir=root, name=PKG)
+    assert out["environments"] == 0 and not list((dest / PKG / "envs").glob("env_*.py"))
+    assert package.export_jsonl(bad, dest, run_dir=root)["environments"] == 0
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and "escaped" in p.name) == []
+    assert not marker.exists()
