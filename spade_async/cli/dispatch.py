@@ -7,6 +7,7 @@ parser. A ``SpadeError`` becomes one line on stderr and exit status 2.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from spade_async.errors import SpadeError
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `spade memory ls | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a tool killed by SIGPIPE
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

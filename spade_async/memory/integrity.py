@@ -130,7 +130,13 @@ def _probe_main(path: str, tables: list[str], dupsort: list[str]) -> None:
                     if why:
                         out["bad"].append([key[:80].decode("utf-8", "replace"), why])
     except lmdb.Error as exc:
-        out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        damage = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
+                  lmdb.VersionMismatchError, lmdb.PanicError, lmdb.IncompatibleError,
+                  lmdb.BadChecksumError, lmdb.DiskError, lmdb.NotFoundError)  # fmt: skip
+        # not the file's fault (a read-only directory, no reader slot): the store's own
+        # open says so in its own words, never "damaged"
+        out["error" if isinstance(exc, damage) else "unopenable"] = why
     print(json.dumps(out))
 
 
