@@ -72,7 +72,7 @@ FULL = {
     "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
     # spade train configs/gpu-smoke.toml: a Qwen3-shaped ~0.13B (SmolLM2's vocabulary, which
     # the carried tokenizer has) that the CPU engine generates with on 16 cores
-    "e2e": {"model": SMOKE, "steps": 4, "timeout_s": 225},
+    "e2e": {"model": SMOKE, "steps": 4, "timeout_s": 215},
     # per part, seconds; a part past its budget fails (PartTimeout), the run goes on. The
     # default parts add up to 480 s (8 minutes of device time); the H200 run of 2026-11-30
     # took 35 s for peak, kernels, trainer and export together
@@ -84,8 +84,8 @@ FULL = {
         "attention": 20,
         "moe": 25,
         "sglang": 5,
-        "scale": 50,
-        "e2e": 240,
+        "scale": 60,
+        "e2e": 230,
     },
 }
 
