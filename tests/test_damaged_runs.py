@@ -257,3 +257,15 @@ def test_verify_finds_indexes_that_disagree_and_repair_rebuilds_them(run, capsys
     assert _answer(["memory", "verify", run, "--repair"], capsys)[0] == 0
     assert _answer(["memory", "verify", run], capsys)[0] == 0
     assert _stored(run / "memory.lmdb") == LIVE
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_cut_memory_is_one_line(run, capsys):
+    """spade train on the run (a resume): the memory is checked before anything starts."""
+    cfg = run / "config.toml"
+    lines = [x for x in cfg.read_text().splitlines() if not x.startswith("ema_decay")]
+    fixed = {"fixed_pool": 'fixed_pool = ""', "initial_memory": 'initial_memory = ""',
+             "model": 'model = "smollm2-135m-instruct"'}  # fmt: skip
+    cfg.write_text("\n".join(fixed.get(x.split(" =")[0], x) for x in lines) + "\n")
+    (run / "memory.lmdb" / "data.mdb").write_bytes(DATA[: len(DATA) // 3])
+    _one_line_2(["train", "configs/cpu-demo.toml", "--run-dir", run], capsys, expect="--repair")
