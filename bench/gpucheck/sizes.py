@@ -70,7 +70,7 @@ FULL = {
         "reps": 3,
     },
     "scale": {"lora_rank": 16, "steps": 2, "row_tokens": 32768},
-    # spade train configs/gpu-smoke.toml: a Qwen3-shaped ~0.13B (SmolLM2's vocabulary, which
+    # spade train configs/gpu-smoke.toml: a Qwen3-shaped 57M (SmolLM2's vocabulary, which
     # the carried tokenizer has) that the CPU engine generates with on 16 cores
     "e2e": {"model": SMOKE, "steps": 4, "timeout_s": 215},
     # per part, seconds; a part past its budget fails (PartTimeout), the run goes on. The
