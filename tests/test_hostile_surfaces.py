@@ -214,6 +214,7 @@ def test_the_report_page_holds_every_payload_escaped(hostile, tmp_path, capsys):
     tags.feed(page)
     assert tags.tags <= PAGE | SVG, tags.tags - PAGE - SVG
     assert tags.handlers == []
+    assert "could not be drawn" not in page  # every section drew, its figures' labels too
     for name, p in info["payloads"].items():
         if name.startswith("html/"):
             assert p not in page, name

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import matplotlib
 import matplotlib.ticker
+
+from spade_async.safe_text import term
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -40,13 +43,16 @@ SIZE = (6.0, 2.8)
 
 
 def _t(text: object) -> str:
-    """Run-supplied text as plain text: matplotlib reads ``$...$`` as mathtext."""
-    return str(text).replace("$", r"\$")
+    """Run-supplied text as plain text: control and bidi characters shown as escapes
+    (``safe_text.term``: the SVG holds none raw), ``$...$`` not read as mathtext."""
+    return term(text, limit=120).replace("$", r"\$")
 
 
 def _svg(fig) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    with warnings.catch_warnings():  # a run's label in a script DejaVu lacks: boxes, no noise
+        warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from font")
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]  # inline: no XML prolog or DOCTYPE
