@@ -143,6 +143,8 @@ def _commands(root: Path, tmp: Path, info: dict) -> list[list[str]]:
         ["memory", "show", rid, *run], ["memory", "show", rid, *run, "--json"],
         ["memory", "stats", *run], ["memory", "stats", *run, "--json"],
         ["memory", "show", "abcd" + esc, *run],  # an error quoting the argument
+        ["memory", "show", "\udcff\udcfe\udcfd\udcfc", *run],  # argv bytes not UTF-8
+        ["report", str(tmp / "\udcff") + esc], ["dashboard", str(tmp / "\udcff") + esc],
         ["memory", "export", str(tmp / "files"), *run],
         ["memory", "verify", str(root)], ["memory", "verify", str(root), "--json"],
         ["episode", "ls", str(root)], ["episode", "ls", str(root), "--json"],

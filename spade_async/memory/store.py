@@ -209,12 +209,13 @@ class MemoryStore:
         """The record whose id starts with ``prefix`` (at least 4 hex digits, unique)."""
         if len(prefix) < 4:
             raise ConfigError(f"environment id '{prefix}' is too short; give at least 4 characters")
+        want = prefix.encode("utf-8", "surrogatepass")  # argv may hold undecodable bytes
         with self.read() as txn:
             cur = txn.cursor(self.db["records"])
             found = []
-            if cur.set_range(prefix.encode()):
+            if cur.set_range(want):
                 for key, raw in cur:
-                    if not key.startswith(prefix.encode()) or len(found) > 1:
+                    if not key.startswith(want) or len(found) > 1:
                         break
                     found.append(raw)
         if not found:
