@@ -12,6 +12,7 @@ pipeline fill) to the end of the last, over one regeneration window or more.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from spade_async import recipe
@@ -38,11 +39,18 @@ class Row:
     controller_cpu_per_step_s: float | None = None
 
 
-def placement_overrides(split: str, tp: int, gpus: int = 8) -> list[str]:
+def placement_overrides(
+    split: str, tp: int, gpus: int = 8, extra_args: tuple[str, ...] = ()
+) -> list[str]:
+    """Overrides for ``split``. Colocated as the README's recipe: the engines release their
+    memory around each train step (SGLang's memory saver), schedule sync."""
     if split == "colocated":
         eng = [list(range(i, i + tp)) for i in range(0, gpus, tp)]
+        args = [*extra_args, *(() if "--enable-memory-saver" in extra_args
+                               else ("--enable-memory-saver",))]  # fmt: skip
         return [f"engine.gpus={eng}", f"placement.trainer_gpus={list(range(gpus))}",
-                "placement.colocate=true", "placement.release_memory=false", "schedule='sync'"]  # fmt: skip
+                "placement.colocate=true", "placement.release_memory=true",
+                f"engine.extra_args={json.dumps(args)}", "schedule='sync'"]  # fmt: skip
     n_eng = int(split.split("+")[0])
     eng = [list(range(i, i + tp)) for i in range(0, n_eng - n_eng % tp, tp)]
     if not eng:
@@ -75,7 +83,8 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
     tp = max(1, len(base.engine.gpus[0])) if base.engine.gpus else 1
     sets = [*extra, f"schedule='{schedule}'", f"max_staleness={staleness}"]
     try:
-        cfg = recipe.load(path, [*sets, *placement_overrides(split, tp)])
+        where = placement_overrides(split, tp, extra_args=tuple(base.engine.extra_args))
+        cfg = recipe.load(path, [*sets, *where])
     except ConfigError as e:
         row.note = str(e).split(":")[0][:60]
         return row
