@@ -160,8 +160,8 @@ def export_gymnasium(
     root = dest / pkg
     (root / "envs").mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
-    (root / "_gym.py").write_text((here / "gym_template.py").read_text())
-    (root / "_tool_use.py").write_text((here.parent / "envs" / "tool_use.py").read_text())
+    (root / "_gym.py").write_bytes((here / "gym_template.py").read_bytes())
+    (root / "_tool_use.py").write_bytes((here.parent / "envs" / "tool_use.py").read_bytes())
     (root / "envs" / "__init__.py").write_text('"""One module per exported environment."""\n')
     metas = []
     for rec in valid:
@@ -169,12 +169,14 @@ def export_gymnasium(
         meta["solution_rewards"] = rewards.get(rec.id, {})
         meta["module"] = f"{pkg}.envs.{_module(rec)}"
         meta["gym_id"] = f"spade/{meta['name']}-v0"
-        (root / "envs" / f"{_module(rec)}.py").write_text(_env_module(rec, meta, pkg))
+        (root / "envs" / f"{_module(rec)}.py").write_text(
+            _env_module(rec, meta, pkg), encoding="utf-8"
+        )
         metas.append(meta)
     (root / "metadata.json").write_bytes(msgspec.json.format(msgspec.json.encode(metas)))
-    (root / "__init__.py").write_text(_init(pkg, metas))
-    (dest / "pyproject.toml").write_text(_pyproject(pkg, run_dir))
-    (dest / "README.md").write_text(_readme(pkg, metas))
+    (root / "__init__.py").write_text(_init(pkg, metas), encoding="utf-8")
+    (dest / "pyproject.toml").write_text(_pyproject(pkg, run_dir), encoding="utf-8")
+    (dest / "README.md").write_text(_readme(pkg, metas), encoding="utf-8")
     return {"package": pkg, "environments": len(metas), "dest": str(dest)}
 
 
