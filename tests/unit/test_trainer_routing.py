@@ -67,10 +67,16 @@ def _step(trainer, samples, replay: bool, **kw):
     return m, [float(x) for x in trainer.routing.per_micro]
 
 
-def test_replay_uses_the_engines_routes_and_lowers_the_mismatch(moe_dir, samples):
+@pytest.fixture(scope="module")
+def replayed(moe_dir, samples):
+    """One trainer's step with replay and then without (lr 0: the same weights)."""
     trainer = _trainer(moe_dir)
-    on, per_micro = _step(trainer, samples, True)
-    off, _ = _step(trainer, samples, False)
+    on = _step(trainer, samples, True)
+    return on, _step(trainer, samples, False)[0]
+
+
+def test_replay_uses_the_engines_routes_and_lowers_the_mismatch(replayed):
+    (on, per_micro), off = replayed
     assert on["micro_batches"] >= 3 and len(per_micro) == on["micro_batches"]
     assert on["route_mismatch"] == 0.0 and max(per_micro) == 0.0
     assert off["route_mismatch"] > 0 and off["route_mismatch"] == off["route_drift"]
@@ -80,8 +86,8 @@ def test_replay_uses_the_engines_routes_and_lowers_the_mismatch(moe_dir, samples
 
 
 @pytest.mark.parametrize(("layout", "head"), [("padded", "fused"), ("packed", "recompute")])
-def test_replay_does_not_depend_on_layout_or_head(moe_dir, samples, layout, head):
-    ref, _ = _step(_trainer(moe_dir), samples, True)
+def test_replay_does_not_depend_on_layout_or_head(moe_dir, samples, replayed, layout, head):
+    (ref, _), _ = replayed
     got, per_micro = _step(_trainer(moe_dir, head=head), samples, True, layout=layout)
     assert max(per_micro) == 0.0
     assert got["mismatch_kl"] == pytest.approx(ref["mismatch_kl"], rel=1e-4, abs=1e-9)
@@ -92,11 +98,12 @@ def test_lora_and_the_kl_reference_replay(moe_dir, samples):
     a frozen copy) runs its forward on the same routes: with identical weights its KL is 0."""
     lora = _trainer(moe_dir, lora=LoraConfig(rank=4, target_modules=("q_proj", "v_proj")),
                     kl_coef=0.1)  # fmt: skip
-    m, per_micro = _step(lora, samples, True)
+    few = samples[:4]
+    m, per_micro = _step(lora, few, True)
     assert max(per_micro) == 0.0 and m["kl"] == pytest.approx(0.0, abs=1e-6)
     full = _trainer(moe_dir, kl_coef=0.1)
     assert full.ref_model is not None
-    m, _ = _step(full, samples, True)
+    m, _ = _step(full, few, True)
     assert m["kl"] == pytest.approx(0.0, abs=1e-6)
     # the frozen copy's log-probs are the policy's replayed ones, not its own routes'
     from spade_async.trainer.packing import build_microbatch
