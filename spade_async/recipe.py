@@ -95,7 +95,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         "trim each step's batch to this many samples, designer samples first (the reference's "
         "global batch, 192); 0 keeps all",
     ) = 0
-    checkpoint_every: Doc(int, "save a checkpoint every N steps (and at the end)") = 10
+    checkpoint_every: Doc(int, "save a checkpoint every N steps and at the end; 0 = at the end only") = 10
     trainer_restarts: Doc(
         int,
         "times a dead trainer is restarted from the latest checkpoint (the steps since are "
@@ -242,6 +242,15 @@ def check(cfg: Config) -> None:
         raise ConfigError(budget)
     if cfg.max_steps < 1 or cfg.regen_interval < 1:
         raise ConfigError("max_steps and regen_interval must be at least 1")
+    if cfg.checkpoint_every < 0:
+        raise ConfigError(
+            f"checkpoint_every = {cfg.checkpoint_every}: give N >= 1 steps, or 0 for the end only"
+        )
+    from spade_async.memory.records import skill_problem
+
+    for skill in cfg.designer.skills:  # a skill names memory's index keys (as import checks)
+        if (why := skill_problem(skill)) is not None:
+            raise ConfigError(f"designer.skills: {why}; give short one-line names")
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness = {cfg.max_staleness}: must be >= 0")
     if cfg.agent.temperature <= 0 or cfg.designer.temperature <= 0:

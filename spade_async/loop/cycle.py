@@ -368,8 +368,13 @@ async def learn(
         {**(extra or {}), **await health(rt)},
     )
     rt.tel.log(st.step, record)
-    if st.step % cfg.checkpoint_every == 0 or st.step == cfg.max_steps:
+    if checkpoint_due(st.step, cfg.checkpoint_every, cfg.max_steps):
         await rt.checkpoint()
+
+
+def checkpoint_due(step: int, every: int, max_steps: int) -> bool:
+    """Every ``every`` steps and at the last one; ``every = 0``: at the last one only."""
+    return (every > 0 and step % every == 0) or step == max_steps
 
 
 async def health(rt: Runtime) -> dict[str, bool]:

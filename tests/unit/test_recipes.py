@@ -246,3 +246,16 @@ def test_greedy_trained_rollouts_are_refused():
 
     with pytest.raises(ConfigError, match="must be > 0"):
         recipe.load(None, ["agent.temperature=0", "designer.temperature=0"])
+
+
+def test_checkpoint_every_zero_means_the_end_only_and_negative_is_one_line():
+    """checkpoint_every = 0 divided by zero in the loop (cycle.step_done); now it saves at the
+    end only, and a negative value is refused at load."""
+    cfg = recipe.load(None, ["checkpoint_every=0"])
+    recipe.check(cfg)
+    from spade_async.loop.cycle import checkpoint_due
+
+    assert [s for s in range(1, 8) if checkpoint_due(s, 0, 7)] == [7]
+    assert [s for s in range(1, 8) if checkpoint_due(s, 3, 7)] == [3, 6, 7]
+    with pytest.raises(recipe.ConfigError, match="checkpoint_every = -1"):
+        recipe.check(recipe.load(None, ["checkpoint_every=-1"]))
