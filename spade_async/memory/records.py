@@ -153,11 +153,11 @@ def skill_problem(skill: object) -> str | None:
     try:
         size = len(skill.encode("utf-8"))
     except UnicodeEncodeError:
-        return f"skill {term(skill, limit=40)!r} is not valid Unicode (a lone surrogate)"
+        return f"skill '{term(skill, limit=40)}' is not valid Unicode (a lone surrogate)"
     if size > MAX_SKILL_BYTES:
         return f"skill is {size} bytes long (at most {MAX_SKILL_BYTES})"
     if not is_clean(skill):
-        return f"skill {term(skill, limit=40)!r} holds control characters"
+        return f"skill '{term(skill, limit=40)}' holds control characters"
     return None
 
 
