@@ -298,11 +298,12 @@ class GenerationClient:
         outs = outs if isinstance(outs, list) else [outs]
         version = _adapter_version(adapter) if self.lora else None
         results = [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
-        if want_routes:
-            results = [
-                self._with_routes(r, o, routes_from) for r, o in zip(results, outs, strict=True)
-            ]
+        if want_routes:  # base64 of up to tokens x layers x top-k ids: off the event loop
+            results = await anyio.to_thread.run_sync(self._all_routes, results, outs, routes_from)
         return results
+
+    def _all_routes(self, results, outs, start: int) -> list[GenerateResult]:
+        return [self._with_routes(r, o, start) for r, o in zip(results, outs, strict=True)]
 
     def _with_routes(self, res: GenerateResult, out: GenerateOutput, start: int) -> GenerateResult:
         """``res`` with its routes decoded and checked against the model's shape and the
