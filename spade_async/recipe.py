@@ -95,7 +95,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         "trim each step's batch to this many samples, designer samples first (the reference's "
         "global batch, 192); 0 keeps all",
     ) = 0
-    checkpoint_every: Doc(int, "save a checkpoint every N steps and at the end; 0 = at the end only") = 10
+    checkpoint_every: Doc(
+        int, "save a checkpoint every N steps and at the end; 0 = at the end only"
+    ) = 10
     trainer_restarts: Doc(
         int,
         "times a dead trainer is restarted from the latest checkpoint (the steps since are "
