@@ -81,7 +81,7 @@ class Replay:
                 ids = np.frombuffer(data, dtype=self.shape.dtype).reshape(
                     -1, self.shape.layers, self.shape.topk
                 )[: len(s.token_ids)]
-                if ids.size and int(ids.max()) >= self.shape.experts:
+                if ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.shape.experts:
                     self.bad += 1
                 else:
                     chunks.append(torch.from_numpy(ids.copy()))  # compact until a micro-batch
