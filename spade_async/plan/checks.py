@@ -126,8 +126,8 @@ def check_scale(cfg: Config, model_dir: str | Path | None = None) -> None:
 
         if route_shape_of(model_dir or _model_dir(cfg)) is None:
             raise ConfigError(
-                f"trainer.routing_replay = true: {cfg.model} is a dense model (no MoE router to "
-                "replay); set trainer.routing_replay = false"
+                f"trainer.routing_replay = {tc.routing_replay!r}: {cfg.model} is a dense model (no "
+                "MoE router to replay); set trainer.routing_replay = false"
             )
     n = tc.sequence_parallel
     if n < 1:

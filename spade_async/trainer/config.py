@@ -101,9 +101,10 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         "micro_batch_tokens tokens, attention all-to-all over heads (trainer/sequence_parallel.py)",
     ) = 1
     routing_replay: Doc(
-        bool,
+        bool | Literal["measure"],
         "MoE rollout routing replay (R3): engines return each token's experts and the trainer's "
-        "MoE layers take them, weighted by its own router (trainer/routing.py); MoE models only",
+        "MoE layers take them, weighted by its own router (trainer/routing.py); 'measure': the "
+        "routes come back and train/route_mismatch compares them, no replay; MoE models only",
     ) = False
     hsdp: Doc(
         bool, "hybrid sharding: shard within a node, replicate across nodes (a 2-D device mesh)"

@@ -162,11 +162,12 @@ class Replay:
 
 def setup(cfg, policy, ref, device: torch.device) -> Replay | None:
     """The trainer's ``Replay`` for an MoE model (routes measured; replayed when
-    ``cfg.routing_replay``), attached to the policy and the KL reference; None when dense."""
+    ``cfg.routing_replay`` is true; measured only for ``"measure"``), attached to the policy
+    and the KL reference; None when dense."""
     shape = route_shape(policy.causal_lm.config)
     if shape is None:
         return None
-    replay = Replay(shape, replay=bool(getattr(cfg, "routing_replay", False)), device=device)
+    replay = Replay(shape, replay=getattr(cfg, "routing_replay", False) is True, device=device)
     replay.attach(policy.causal_lm)
     if ref is not None:
         replay.attach(ref.causal_lm)

@@ -58,7 +58,8 @@ def _trainer(moe_dir, **kw):
     from spade_async.trainer.step import Trainer
 
     kw.setdefault("micro_batch_tokens", 160)
-    return Trainer(TrainerConfig(model=str(moe_dir), lr=0.0, routing_replay=True, **kw), moe_dir)
+    kw.setdefault("routing_replay", True)
+    return Trainer(TrainerConfig(model=str(moe_dir), lr=0.0, **kw), moe_dir)
 
 
 def _step(trainer, samples, replay: bool, **kw):
@@ -167,3 +168,15 @@ def test_a_checkpoint_reforward_replays_the_same_routes(moe_dir, samples):
     assert max(per_micro) == 0.0 and b["route_drift"] == a["route_drift"]
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
     assert float(plain.routing.total) == float(ckpt.routing.total) > 0
+
+
+def test_measure_mode_captures_without_replaying(moe_dir, samples):
+    """``routing_replay = "measure"``: routes requested and compared, experts not replaced."""
+    from spade_async import recipe
+
+    cfg = recipe.load(None, [f"model='{moe_dir}'", "trainer.routing_replay='measure'"])
+    assert cfg.trainer.routing_replay == "measure"
+    trainer = _trainer(moe_dir, routing_replay="measure")
+    assert trainer.routing.replay is False
+    m = trainer.train_step(Batch(samples=samples[:4]))
+    assert m["route_replay"] == 0.0 and m["route_mismatch"] == m["route_drift"]
