@@ -187,7 +187,7 @@ def test_triton_head_rows_clamp_low_var_kl_as_slime(interp, tis_current):
     if tis_current:
         x["old"] = x["roll"]
     terms = PolicyTerms(
-        K.loss_weights(x["mask"], "token"),
+        K.loss_weights(x["mask"].double(), "token"),  # float64 weights, as the trainer's
         x["adv"],
         old_logprob_T=x["old"],
         rollout_logprob_T=x["roll"],
