@@ -109,8 +109,10 @@ def _slime_reference(trainer, batch, o):
         masks.append(torch.tensor(s.loss_mask[1:], dtype=torch.float64))
         advs.append(torch.full_like(lp, _f32(s.advantage)))
         rolls.append(torch.tensor(s.rollout_logprobs[1:], dtype=torch.float64))
+    # slime's group ids: an episode's turn samples share one; any other sample its own
+    groups = [s.loss_group if s.loss_group >= 0 else -1 - i for i, s in enumerate(batch.samples)]
     loss = slime.slime_loss(
-        lps, masks, advs, groups=[s.loss_group for s in batch.samples],
+        lps, masks, advs, groups=groups,
         mode=MODES[o["loss_agg"]], units=3,
         absent_zero_mask_samples=1, rollout_log_probs=rolls,
         use_rollout_logprobs=o["old_logprobs"] == "rollout", use_tis=o["tis_cap"] > 0,
