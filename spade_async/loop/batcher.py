@@ -200,7 +200,8 @@ def trim_batch(samples: Sequence[Sample | None], limit: int) -> tuple[list[Sampl
 
 
 def loss_normaliser(n_real: int, limit: int, *, kl_coef: float, entropy_coef: float) -> float:
-    """How many samples the step's sample-mean loss divides by, as the reference's.
+    """How many samples the step's sample-mean loss divides by, as the reference's
+    (``n_real``: units, ``loss_units``; an episode's turn samples are one).
 
     slime divides by the (dynamic) global batch; ``spare_rollout.py`` pads a short batch to
     ``--global-batch-size`` with inert copies and, when only the policy-gradient term is on

@@ -114,7 +114,7 @@ class Trainer:
         self.control_group = None  # gloo group for RPC broadcasts (set by main on NCCL)
 
     def _ref_logprobs(self, mb) -> torch.Tensor | None:
-        """k3 KL target: the frozen initial policy (forward only), the rollout, or None."""
+        """low_var_kl target: the frozen initial policy (forward only), the rollout, or None."""
         if self.cfg.kl_coef <= 0:
             return None
         if self.ref_adapters_off:  # LoRA: the frozen base is the initial policy
