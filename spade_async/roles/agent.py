@@ -110,7 +110,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         bool | None, "thinking mode for templates that have it; None = template default"
     ) = None
     thinking_fanout: Doc(
-        bool, "one sample per turn, each carrying the whole episode's advantage"
+        bool,
+        "one sample per turn, each carrying the whole episode's advantage; an episode's turn "
+        "samples are one unit of the loss (one token mean per episode, as slime's group ids)",
     ) = False
     success_threshold: Doc(float, "an outcome reward at or above this counts as a win") = 1.0
 
