@@ -12,6 +12,7 @@ time and peak memory.
 
 from __future__ import annotations
 
+import gc
 import resource
 import tempfile
 import time
@@ -77,8 +78,9 @@ async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
                     rng=np.random.default_rng(seed + 1),
                     release_memory=cfg.placement.colocate and cfg.placement.release_memory,
                 )  # fmt: skip
-                from spade_async.loop.run import _schedule
+                from spade_async.loop.run import _schedule, tune_gc
 
+                gc_was = tune_gc()  # as loop.run.train sets it
                 SIM_CPU[0] = 0.0
                 cpu0, t0 = time.process_time(), anyio.current_time()
                 async with anyio.create_task_group() as watch:
@@ -87,6 +89,7 @@ async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
                     watch.cancel_scope.cancel()
                 cpu, wall = time.process_time() - cpu0, anyio.current_time() - t0
                 sim_cpu = SIM_CPU[0]
+                gc.set_threshold(*gc_was)
                 busy = rt.meters.state_dict()["busy_s"]
             writer.close()
             tg.cancel_scope.cancel()
