@@ -138,11 +138,12 @@ def format_rows(rows: list[Row]) -> str:
             f"{'engines':>8} {'trainer':>8} {'vs sync':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
+        stale = r.staleness if r.schedule == "async" else "-"
         if r.step_s is None:
-            lines.append(f"{r.split:<10} {r.schedule:<8} {r.staleness:>5} {r.note}")
+            lines.append(f"{r.split:<10} {r.schedule:<8} {stale:>5} {r.note}")
             continue
         lines.append(
-            f"{r.split:<10} {r.schedule:<8} {r.staleness if r.schedule == 'async' else '-':>5} "
+            f"{r.split:<10} {r.schedule:<8} {stale:>5} "
             f"{r.step_s:>8.1f} {r.samples_per_hour:>10.0f} {r.engine_busy:>8.0%} "
             f"{r.trainer_busy:>8.0%} "
             f"{(f'{r.over_sync:.2f}x' if r.over_sync else ''):>8}"
