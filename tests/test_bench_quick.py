@@ -29,6 +29,8 @@ def test_every_bench_script_is_listed():
         "pipeline",
         "report",
         "router",
+        "routing_replay",
+        "simulate",
         "soak",
         "trainer",
     }
