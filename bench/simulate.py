@@ -12,7 +12,7 @@ environments (``spade_async/sim``), three checks in one run.
 
     python bench/simulate.py [--quick] [--save]
 
---quick (under a minute): the validation, 3 steps at scale, the recipe's own split only.
+--quick (under a minute): the validation, 5 steps at scale, the recipe's own split only.
 The last line printed is one JSON object: hardware, and each target with measured and met.
 """
 
@@ -157,7 +157,7 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     pred = validate()
-    steps = 3 if args.quick else 20
+    steps = 5 if args.quick else 20  # quick: one regeneration window and the next step
     scale_8b = at_scale(RECIPE_8B, steps, PAPER_SCALE)
     scale_30b = None if args.quick else at_scale(RECIPE_30B, steps, [])
     tables = [placement("h100-80gb", args.quick)]
