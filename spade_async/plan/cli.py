@@ -4,8 +4,8 @@ Runs the project's own loop in virtual time (``spade_async/sim``) for every spli
 node's 8 GPUs (2+6, 4+4, 6+2, colocated) under the sync schedule and the async one at each
 ``max_staleness``, prints one table, and names a placement more than 10% faster than the
 recipe's own (minutes: 16 simulations of 9 steps for a full table). A GPU or model the
-cost model lacks is refused in one line naming the
-parameters to supply (``--costs FILE`` with ``[gpu.NAME]`` / ``[model.NAME]``).
+cost model lacks is refused in one line naming the parameters to supply (``--costs FILE``
+with ``[gpu.NAME]`` / ``[model.NAME]``).
 """
 
 from __future__ import annotations
