@@ -91,6 +91,8 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb") -
         # with the simulated engines' own CPU (their scheduling, encoding replies)
         "process_cpu_s_per_step": round(sim["process_cpu_s"] / max(1, sim["steps"]), 3),
         "peak_rss_mib": round(sim["peak_rss_mib"], 1),
+        # the process's peak grew this much over the run (imports and the first runs before)
+        "rss_growth_mib": round(sim["rss_growth_mib"], 1),
         "virtual_s_per_step": round(sim["wall_s"] / max(1, sim["steps"]), 1),
         "episodes": sim["episodes"],
         "decoded_tokens": sim["decoded_tokens"],

@@ -183,9 +183,12 @@ def gpu_costs(
     kl_reference: bool = True,
     checkpointing: bool = True,
     costs_file: str | Path | None = None,
+    push_bytes: int = 0,
 ) -> Costs:
     """Roofline costs for ``engine_gpus`` GPUs of engines (``tp`` each) and ``trainer_gpus``
-    of FSDP trainer (colocated: the same GPUs, taking turns)."""
+    of FSDP trainer (colocated: the same GPUs, taking turns). The push runs at the rate
+    measured for a CUDA-IPC push (an NCCL broadcast over NVLink is taken to be as fast);
+    ``push_bytes`` (``plan.memory``'s) replaces the full weights (LoRA: the adapters)."""
     gpus, models = load_costs(costs_file)
     g, m = gpu_entry(gpu, gpus), model_costs(model, models)
     eff = {k: v for k, (v, _) in EFFICIENCY.items()}
@@ -220,7 +223,8 @@ def gpu_costs(
         train_fixed_s=1.0,
         train_per_token_s=passes * fwd_flops / train_flops,
         train_per_ctx_token_s=passes * attn / train_flops,
-        push_s=eff["push_fixed_s"] + weight_bytes / (eff["push_gb_s"] * 1e9),
+        # the full bf16 weights, or what plan.memory says a push sends (LoRA: the adapters)
+        push_s=eff["push_fixed_s"] + (push_bytes or weight_bytes) / (eff["push_gb_s"] * 1e9),
         env_step_s=eff["env_step_s"],
         env_open_s=eff["env_open_s"],
         validate_s=eff["validate_s"],

@@ -66,14 +66,16 @@ def current_split(cfg) -> str:
     return f"{n}+{len(cfg.placement.trainer_gpus)}"
 
 
-def _fits(cfg, gpu: str) -> str:
+def _fits(cfg, gpu: str) -> tuple[str, int]:
+    """('' or why the trainer does not fit, the bytes one push sends), from plan.memory."""
     from spade_async.plan import gpu_by_name, model_shape, plan_memory
 
     shape = model_shape(cfg.model)
     if shape is None:
-        return ""
+        return "", 0
     plan = plan_memory(cfg, shape, gpu_by_name(gpu))
-    return "" if plan.trainer.fits else f"trainer does not fit ({plan.knob or 'memory'})"
+    why = "" if plan.trainer.fits else f"trainer does not fit ({plan.knob or 'memory'})"
+    return why, plan.push_bytes
 
 
 def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: int,
@@ -88,7 +90,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
     except ConfigError as e:
         row.note = str(e).split(":")[0][:60]
         return row
-    row.note = _fits(cfg, gpu)
+    row.note, push_bytes = _fits(cfg, gpu)
     if row.note:
         return row
     n_eng = 8 if split == "colocated" else int(split.split("+")[0])
@@ -97,6 +99,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         trainer_gpus=len(cfg.placement.trainer_gpus), colocated=split == "colocated",
         mem_fraction=cfg.engine.mem_fraction_static, kl_reference=cfg.trainer.kl_coef > 0,
         checkpointing=cfg.trainer.activation_checkpointing, costs_file=costs_file,
+        push_bytes=push_bytes,
     )  # fmt: skip
     out = simulate(cfg, costs, steps, seed=seed)
     t = out["step_times"]
