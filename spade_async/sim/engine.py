@@ -1,8 +1,8 @@
 """Simulated generation engines behind the project's own generation client.
 
-``SimClient`` is ``GenerationClient`` with its HTTP layer (``_request``) answered here: the
-controller's client picks engines, keeps sessions sticky, limits concurrency, retries,
-encodes requests and decodes replies as it does against SGLang. Each ``SimEngine`` is one
+``SimClient`` is ``GenerationClient`` with its httpx client on a mock transport answered
+here: the controller's client picks engines, keeps sessions sticky, limits concurrency,
+retries, times out, encodes requests and decodes replies as it does against SGLang. Each ``SimEngine`` is one
 server doing continuous batching in virtual time: requests wait in a queue (priority order
 under ``engine.priority_scheduling``, else arrival), are admitted while the KV cache holds
 their context and reply and ``engine.max_running_requests`` allows, prefill, then decode one
@@ -164,18 +164,15 @@ class SimEngine:
             SIM_CPU[0] += time.process_time() - c0
 
 
-def _healthy(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, json={"success": True})
-
-
 class SimClient(GenerationClient):
     """The controller's generation client over ``SimEngine``s (see the module docstring)."""
 
     def __init__(self, engines: list[SimEngine], config, cfg, rng: np.random.Generator) -> None:
         super().__init__([e.url for e in engines], config)
         self.engines = {e.url: e for e in engines}
-        # what reaches HTTP outside ``_request`` (the /health probes): an always-healthy engine
-        self._http = httpx.AsyncClient(transport=httpx.MockTransport(_healthy))
+        # the client's own HTTP layer (its retries, timeouts, statuses) reaches the engines
+        # through httpx's mock transport, as the tests' fake SGLang does
+        self._http = httpx.AsyncClient(transport=httpx.MockTransport(self._serve))
         self.cfg, self.rng, self.lengths = cfg, rng, engines[0].c.lengths
         self.turn_text = (
             '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
@@ -212,9 +209,13 @@ class SimClient(GenerationClient):
         for e in self.engines.values():
             e.cache.pop(session_key, None)
 
-    async def _request(self, method: str, url: str, path: str, data: bytes | None) -> bytes:
-        if path != "/generate":
-            return b'{"success": true, "message": ""}'
+    async def _serve(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/generate":  # /health, pause, resume, memory: always fine
+            return httpx.Response(200, json={"success": True, "message": ""})
+        url = f"{request.url.scheme}://{request.url.host}"
+        return httpx.Response(200, content=await self._generate(url, request.content))
+
+    async def _generate(self, url: str, data: bytes) -> bytes:
         c0 = time.process_time()
         eng = self.engines[url]
         req = _REQ.decode(data)
