@@ -19,9 +19,9 @@ from spade_async.recipe import Config
 from spade_async.rundir import RunDir
 
 # CPython's collector at its default gen-0 threshold (700 allocations) ran ~30% of the
-# controller's CPU at the 8B games scale (bench/simulate.py: 1.83 -> 1.20 s a step, the
-# same peak memory): a step allocates millions of short-lived objects (token lists, the
-# engines' per-token log-prob triples) and every young collection walks them.
+# controller's CPU at the 8B games scale (bench/simulate.py; the same peak memory with
+# these): a step allocates millions of short-lived objects (token lists, the engines'
+# per-token log-prob triples) and every young collection walks them.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
