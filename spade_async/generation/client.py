@@ -29,22 +29,25 @@ import httpx
 import msgspec
 
 from spade_async.config import Doc
-from spade_async.errors import SpadeError
 from spade_async.generation import routes
+from spade_async.generation.engine_errors import (
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    decode_reply,
+    raise_all,
+)
 from spade_async.generation.protocol import (
     ContinueGenerationReqInput,
     GenerateOutput,
     GenerateReqInput,
     MemoryOccupationReqInput,
-    ModelInfo,
     PauseGenerationReqInput,
     SamplingParams,
-    UpdateWeightFromDiskReqInput,
-    UpdateWeightsFromDistributedReqInput,
-    UpdateWeightsFromTensorReqInput,
 )
 from spade_async.generation.routes import Endpoint
 from spade_async.generation.sglang_source import PINNED
+from spade_async.generation.weight_client import WeightRoutes
 
 __all__ = [
     "request_priority",
@@ -55,20 +58,6 @@ __all__ = [
     "EngineProtocolError",
     "GenerationClient",
 ]
-
-
-class EngineError(SpadeError):
-    """An engine could not be reached or kept failing; the message names its URL."""
-
-
-class EngineRequestError(EngineError):
-    """The engine rejected the request (HTTP 4xx); the request, not the engine, is at fault."""
-
-
-class EngineProtocolError(EngineError):
-    """The engine does not speak the pinned SGLang API (no such route, or a reply of another
-    shape): the engine, not one request, is at fault, so roles do not turn it into data and
-    the run stops with this one line."""
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -139,7 +128,7 @@ _log = logging.getLogger(__name__)
 _GEN_DECODER = msgspec.json.Decoder(GenerateOutput | list[GenerateOutput])
 
 
-class GenerationClient:
+class GenerationClient(WeightRoutes):
     def __init__(self, urls: Sequence[str], config: ClientConfig | None = None) -> None:
         if not urls:
             raise EngineError("GenerationClient needs at least one engine URL")
@@ -294,7 +283,7 @@ class GenerationClient:
                 body, url = await self._generate_on_some_engine(req, session_key)
             finally:
                 self._adapter_inflight[adapter] -= 1
-        outs = _decode(_GEN_DECODER, body, url, routes.GENERATE)
+        outs = decode_reply(_GEN_DECODER, body, url, routes.GENERATE)
         outs = outs if isinstance(outs, list) else [outs]
         version = _adapter_version(adapter) if self.lora else None
         results = [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
@@ -393,111 +382,7 @@ class GenerationClient:
         run, so call it idle or paused with ``retract``/``abort``."""
         await self._all(routes.FLUSH_CACHE, None)
 
-    async def weight_versions(self) -> dict[str, str | None]:
-        """Each engine's current weight version (``GET /model_info``; SGLang 0.5.23 serves no
-        ``/get_weight_version``)."""
-        out: dict[str, str | None] = {}
-        decoder = msgspec.json.Decoder(ModelInfo)
-
-        errors: list[EngineError] = []
-
-        async def one(url: str) -> None:
-            try:
-                body = await self._call(url, routes.MODEL_INFO, None)
-                out[url] = _decode(decoder, body, url, routes.MODEL_INFO).weight_version
-            except EngineError as exc:
-                errors.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            for url in self.urls:
-                tg.start_soon(one, url)
-        _raise_all(errors)
-        return out
-
-    async def update_weights_from_disk(
-        self,
-        model_path: str,
-        *,
-        weight_version: str | None = None,
-        abort_all_requests: bool = False,
-        flush_cache: bool = True,
-    ) -> dict[str, str | None]:
-        """``flush_cache=False`` while paused ``in_place`` with requests running: SGLang
-        refuses the flush then, and reports the whole update as failed."""
-        req = UpdateWeightFromDiskReqInput(
-            model_path=model_path,
-            weight_version=weight_version,
-            abort_all_requests=abort_all_requests,
-            flush_cache=flush_cache,
-        )
-        return await self._update(routes.UPDATE_FROM_DISK, req)
-
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        *,
-        ranks_per_engine: Sequence[int] | None = None,
-        group_name: str = "weight_update_group",
-        backend: str = "nccl",
-    ) -> None:
-        """Join every engine to the trainer's NCCL group: trainer is rank 0, engine i's TP
-        ranks follow (``rank_offset`` = 1 + ranks of the engines before it)."""
-        from spade_async.generation.protocol import weight_group_requests
-
-        ranks = list(ranks_per_engine or [1] * len(self.urls))
-        if len(ranks) != len(self.urls):
-            raise ValueError(
-                f"ranks_per_engine has {len(ranks)} entries for {len(self.urls)} engines"
-            )
-        reqs = weight_group_requests(
-            ranks, master_address, master_port, group_name=group_name, backend=backend
-        )
-        await self._fan_out(
-            [(url, routes.INIT_WEIGHT_GROUP, req) for url, req in zip(self.urls, reqs, strict=True)]
-        )
-
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        *,
-        group_name: str = "weight_update_group",
-        weight_version: str | None = None,
-        flush_cache: bool = True,
-    ) -> dict[str, str | None]:
-        req = UpdateWeightsFromDistributedReqInput(
-            names=names,
-            dtypes=dtypes,
-            shapes=shapes,
-            group_name=group_name,
-            weight_version=weight_version,
-            flush_cache=flush_cache,
-        )
-        return await self._update(routes.UPDATE_FROM_DISTRIBUTED, req)
-
-    async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: list[str],
-        *,
-        load_format: str | None = None,
-        weight_version: str | None = None,
-        flush_cache: bool = True,
-    ) -> dict[str, str | None]:
-        req = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=serialized_named_tensors,
-            load_format=load_format,
-            weight_version=weight_version,
-            flush_cache=flush_cache,
-        )
-        return await self._update(routes.UPDATE_FROM_TENSOR, req)
-
     # ---- plumbing --------------------------------------------------------------------------
-    async def _update(self, ep: Endpoint, req: msgspec.Struct) -> dict[str, str | None]:
-        await self._fan_out([(url, ep, req) for url in self.urls])
-        return await self.weight_versions()
-
     async def _fan_out(self, calls: list[tuple[str, Endpoint, Any]]) -> None:
         """Send every call concurrently; all failures become one EngineError."""
         errors: list[EngineError] = []
@@ -506,7 +391,7 @@ class GenerationClient:
             try:
                 body = await self._call(url, ep, req)
                 if ep.reply is not None:
-                    out = _decode(msgspec.json.Decoder(ep.reply), body, url, ep)
+                    out = decode_reply(msgspec.json.Decoder(ep.reply), body, url, ep)
                     if not out.success:
                         errors.append(EngineError(f"engine {url}{ep.path} failed: {out.message}"))
             except EngineError as exc:
@@ -515,7 +400,7 @@ class GenerationClient:
         async with anyio.create_task_group() as tg:
             for call in calls:
                 tg.start_soon(one, *call)
-        _raise_all(errors)
+        raise_all(errors)
 
     async def _all(self, ep: Endpoint, payload: Any) -> None:
         await self._fan_out([(url, ep, payload) for url in self.urls])
@@ -570,26 +455,6 @@ class GenerationClient:
 
 class _Held(Exception):
     """A generation reached an engine held out of rotation; ``generate_n`` picks again."""
-
-
-def _raise_all(errors: list[EngineError]) -> None:
-    """Every engine's failure as one error line; its class when they all share one."""
-    if not errors:
-        return
-    kinds = {type(e) for e in errors}
-    cls = kinds.pop() if len(kinds) == 1 else EngineError
-    raise cls("; ".join(sorted(str(e) for e in errors)))
-
-
-def _decode(decoder: msgspec.json.Decoder, body: bytes, url: str, ep: Endpoint) -> Any:
-    """The reply as the endpoint's struct; anything else is one EngineError naming both."""
-    try:
-        return decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise EngineProtocolError(
-            f"engine {url} sent an unexpected {ep.method} {ep.path} reply ({exc}): "
-            f"{body[:200]!r}; is it SGLang {PINNED} or the CPU engine?"
-        ) from None
 
 
 def _message(resp: httpx.Response) -> str:
