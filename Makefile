@@ -14,7 +14,7 @@ ARGS ?=
 # The locked set (requirements/*.lock, written by `make lock` with uv, hashes included),
 # installed exactly by uv; the project itself editable, without deps. A lock that no longer
 # matches pyproject.toml or requirements/*.in is refused before anything is installed.
-$(STAMP): pyproject.toml $(LOCKS) requirements/cpu.in requirements/nodeps.in
+$(STAMP): pyproject.toml $(LOCKS) requirements/cpu.in requirements/nodeps.in requirements/lock.py
 	$(PY) requirements/lock.py check
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	test -x $(UV) || $(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements/bootstrap.txt

@@ -130,7 +130,11 @@ def compile_locks(uv: str, upgrade: bool = False) -> None:
 def install(uv: str, python: str) -> None:
     """The locked set, exactly (uv pip sync), then the project itself, editable, no deps."""
     check()
-    _uv(uv, "sync", "--python", python, "--require-hashes", str(LOCKS["cpu"]), str(LOCKS["nodeps"]))
+    # --compile-bytecode, as pip does: the sandbox binds site-packages read-only, so without
+    # .pyc files every worker recompiles what it imports (and pytest's warnings-as-errors
+    # turns a package's SyntaxWarning at compile time into a SyntaxError)
+    sync = ["sync", "--python", python, "--require-hashes", "--compile-bytecode"]
+    _uv(uv, *sync, str(LOCKS["cpu"]), str(LOCKS["nodeps"]))
     _uv(uv, "install", "--python", python, "--no-deps", "--no-build-isolation", "-e", str(ROOT))
 
 
