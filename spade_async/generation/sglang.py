@@ -55,6 +55,9 @@ __all__ = [
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 
+PINNED_MODULE = "sglang.launch_server"  # the real server; tests substitute a fake module
+
+
 class SGLangConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model_path: Doc(str, "HF model directory (or hub id) the server loads")
     gpu_ids: Doc(list[int], "GPUs this server uses (CUDA_VISIBLE_DEVICES); one per TP rank")
@@ -84,7 +87,7 @@ def build_command(cfg: SGLangConfig) -> tuple[list[str], dict[str, str]]:
         )
     if not 0 < cfg.mem_fraction_static <= 1:
         raise ConfigError(f"mem_fraction_static={cfg.mem_fraction_static} must be in (0, 1]")
-    if cfg.module == "sglang.launch_server":
+    if cfg.module == PINNED_MODULE:
         check_flags(cfg.extra_args)
     wanted = [DETERMINISTIC_FLAG] if cfg.deterministic else []
     argv = [
@@ -134,9 +137,6 @@ def check_flags(args: Sequence[str], where: str = "engine.extra_args") -> None:
                 f"{where}: {flag} is not a flag of SGLang {PINNED} (the pinned release); "
                 f"{hint}remove it or fix the spelling"
             )
-
-
-PINNED_MODULE = "sglang.launch_server"
 
 
 class SGLangServer:

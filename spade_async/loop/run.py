@@ -33,8 +33,15 @@ def tune_gc() -> tuple[int, int, int]:
 
 
 async def train(cfg: Config, run_dir: RunDir, *, handle_signals: bool = True) -> int:
+    gc_was = tune_gc()  # the controller's setting, for this run only (in-process callers)
+    try:
+        return await _train(cfg, run_dir, handle_signals=handle_signals)
+    finally:
+        gc.set_threshold(*gc_was)
+
+
+async def _train(cfg: Config, run_dir: RunDir, *, handle_signals: bool) -> int:
     stop = anyio.Event()
-    tune_gc()
     async with open_runtime(cfg, run_dir) as rt, anyio.create_task_group() as tg:
         if handle_signals:
             tg.start_soon(_signals, rt, stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -58,7 +59,9 @@ def test_async_fixed_pool_staleness_and_versions(tiny_model, tmp_path):
     )
     run_dir = RunDir(tmp_path / "run")
     before = set(_children())
+    gc_before = gc.get_threshold()
     _run(cfg, run_dir)
+    assert gc.get_threshold() == gc_before  # the loop's GC setting ends with its run
     steps = _steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert all(r["batch/max_agent_age"] <= 1 for r in steps), [
