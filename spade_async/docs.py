@@ -1,7 +1,7 @@
-"""The README's configuration reference, generated from the config structs' field docs.
+"""The configuration reference (docs/configuration.md), generated from the config structs' field docs.
 
-``python -m spade_async.docs`` rewrites the section between the markers in README.md;
-a test fails when the README and the structs disagree.
+``python -m spade_async.docs`` rewrites the section between the markers in docs/configuration.md;
+a test fails when the page and the structs disagree.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from spade_async.config import field_docs
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-README = Path(__file__).resolve().parents[1] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def _fmt(value: object) -> str:
@@ -50,18 +50,18 @@ def config_reference() -> str:
 
 def render(readme: str) -> str:
     if START not in readme or END not in readme:
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+        raise SystemExit(f"{REFERENCE} lacks the markers {START} ... {END}")
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{config_reference()}{END}{tail}"
 
 
 def main() -> int:
-    text = README.read_text()
+    text = REFERENCE.read_text()
     new = render(text)
     if new != text:
-        README.write_text(new)
-        print(f"updated the configuration reference in {README}")
+        REFERENCE.write_text(new)
+        print(f"updated the configuration reference in {REFERENCE}")
     return 0
 
 

@@ -1,13 +1,15 @@
-"""The README's configuration reference matches the config structs (regenerate with
+"""The configuration reference (docs/configuration.md) matches the config structs (regenerate with
 ``python -m spade_async.docs``), and every field has a one-line doc."""
 
 from spade_async.config import field_docs
-from spade_async.docs import README, render
+from spade_async.docs import REFERENCE, render
 from spade_async.recipe import Config
 
+README = REFERENCE.parents[1] / "README.md"
 
-def test_readme_config_reference_is_current():
-    text = README.read_text()
+
+def test_config_reference_is_current():
+    text = REFERENCE.read_text()
     assert render(text) == text, "run: python -m spade_async.docs"
 
 
