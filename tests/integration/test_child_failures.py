@@ -75,7 +75,7 @@ def test_records_are_read_earliest_first_and_stale_ones_ignored(tmp_path):
         (tmp_path / f"{who}.json").write_text(json.dumps(rec))
     (tmp_path / "torn.json").write_text('{"who": "x", "ti')
     assert failure.recorded_cause(tmp_path, since=20.0) == (
-        "trainer rank 0: RuntimeError: first (+1 more)"
+        f"trainer rank 0: RuntimeError: first (+1 more); unreadable record {tmp_path / 'torn.json'}"
     )
 
 
