@@ -288,22 +288,33 @@ class GenerationClient(WeightRoutes):
         version = _adapter_version(adapter) if self.lora else None
         results = [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
         if want_routes:  # base64 of up to tokens x layers x top-k ids: off the event loop
-            results = await anyio.to_thread.run_sync(self._all_routes, results, outs, routes_from)
+            sent = len(req.input_ids)  # the rows follow the prompt we sent, not the engine's count
+            results = await anyio.to_thread.run_sync(
+                self._all_routes, results, outs, routes_from, sent
+            )
         return results
 
-    def _all_routes(self, results, outs, start: int) -> list[GenerateResult]:
-        return [self._with_routes(r, o, start) for r, o in zip(results, outs, strict=True)]
+    def _all_routes(self, results, outs, start: int, sent: int) -> list[GenerateResult]:
+        return [self._with_routes(r, o, start, sent) for r, o in zip(results, outs, strict=True)]
 
-    def _with_routes(self, res: GenerateResult, out: GenerateOutput, start: int) -> GenerateResult:
+    def _with_routes(
+        self, res: GenerateResult, out: GenerateOutput, start: int, sent: int
+    ) -> GenerateResult:
         """``res`` with its routes decoded and checked against the model's shape and the
-        token count (a misfit: ``routes_problem``, one warning per engine)."""
+        token count: the ``sent`` prompt tokens plus the tokens generated, never the prompt
+        length the engine reports (a misfit, or an engine that miscounts the prompt:
+        ``routes_problem``, one warning per engine)."""
         from spade_async.generation.routed_experts import RouteError, decode_sglang
 
         text = out.meta_info.routed_experts
         if text is None:
             return res
-        rows = max(0, res.prompt_tokens + len(res.output_ids) - 1 - start)
+        rows = max(0, sent + len(res.output_ids) - 1 - start)
         try:
+            if res.prompt_tokens != sent:
+                raise RouteError(
+                    f"reports {res.prompt_tokens} prompt tokens; the client sent {sent}"
+                )
             return msgspec.structs.replace(
                 res, routed_experts=decode_sglang(text, self.route_shape, rows)
             )
