@@ -10,7 +10,7 @@ from the repository root:
 Here (no GPU): ``python bench/gpu_check.py --dry-run`` lists parts and sizes;
 ``python bench/gpu_check.py --device cpu --quick`` runs the same code at tiny sizes on CPU
 (gloo, torch row ops), a smoke test of the logic, not a GPU result. ``make gpu-check``
-runs the device command above. GPU_RUN.md explains every JSON field.
+runs the device command above. docs/gpu-check.md explains every JSON field.
 
 Parts (each under its own try/except and time budget; a failed part reports its error and
 the rest still run): ``peak`` (measured bf16 matmul peak), ``kernels`` (the one-pass

@@ -1,4 +1,4 @@
-"""Rewards and advantages for both roles, as SPADE.md defines them. Pure functions.
+"""Rewards and advantages for both roles, as docs/method.md defines them. Pure functions.
 
 Agent: outcome-only reward (the final step's reward clipped to [-1, 1] when the episode
 terminated, else 0; a step timeout scores -0.5), GRPO z-scores over each environment's plays.
@@ -11,7 +11,7 @@ one of the variants below. A negative value masks the sample out *before* per-sk
 (masked samples never move their skill's mean); penalties (near-duplicate, an environment
 that crashed or timed out) are applied after that decision, so they always reach the
 trainer as a learning signal. Centred per skill (no std division: small-batch std blows it
-up), scaled by the role-balance factor. docs/FIDELITY.md maps each choice to the reference.
+up), scaled by the role-balance factor. docs/fidelity.md maps each choice to the reference.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run directory: every artefact of one run under ``runs/<name>/`` (ARCHITECTURE.md).
+"""The run directory: every artefact of one run under ``runs/<name>/`` (docs/running.md).
 
 config.toml          the resolved config (recipe + overrides), written once
 memory.lmdb/         environment memory (spade_async.memory)

@@ -1,6 +1,6 @@
 """SGLang part: the engine-side pause / update / resume needs a running SGLang server.
 
-SGLang's CUDA packages do not fit the 64 MiB the GPU machine carries (design/GPU.md), so
+SGLang's CUDA packages do not fit the 64 MiB the GPU machine carries (docs/gpu-check.md), so
 this part reports ``skipped`` when SGLang does not import. Where it does import, driving a
 real server is not prepared in this script: the part says so (ok: false) rather than
 pretending; the adapters stay covered by the CPU contract tests of the documented API.

@@ -1,6 +1,6 @@
 """Installed packages that a pool's workers may import (``PoolConfig.packages``).
 
-Generated environments are standard library only (ENV_CONTRACT.md), so a pool's workers see
+Generated environments are standard library only (docs/environments.md), so a pool's workers see
 no site-packages by default. Trusted environment code of our own (the reasoning-gym
 evaluation suites) needs a library: the pool names its distributions, and each one's
 top-level modules, with those of every installed requirement, are bound read-only into

@@ -24,7 +24,7 @@ from spade_async.envs import protocol as P
 
 __all__ = ["ReplyError", "check", "decoder", "clean_text", "REWARD_RANGE"]
 
-REWARD_RANGE = (-10.0, 10.0)  # ENV_CONTRACT.md: values outside are invalid
+REWARD_RANGE = (-10.0, 10.0)  # docs/environments.md: values outside are invalid
 _ANSWERS = {
     P.Open: P.Opened, P.Reset: P.ResetOk, P.Step: P.StepOk, P.Solution: P.Value,
     P.GetTools: P.Value, P.Close: P.Closed,

@@ -1,4 +1,4 @@
-"""Base class for tool-use environments (ENV_CONTRACT.md, "Tool-use setting").
+"""Base class for tool-use environments (docs/environments.md, "Tool-use setting").
 
 STANDARD LIBRARY ONLY: the sandbox injects this file's ``ToolUseBaseEnv`` into every
 environment module's namespace, because the reference SPADE implementation's generated

@@ -1,6 +1,6 @@
 """Prompt text for the designer and the hint writer. Plain functions over plain data.
 
-The designer prompt follows SPADE.md step 1 and states the whole contract of the reference's
+The designer prompt follows docs/method.md, "One cycle", step 1 and states the whole contract of the reference's
 prompts (``spare/core/prompts``) in our own words: a target skill and what it means, one
 grounding document, the interface for the setting, the design rules (state that changes,
 real decisions, a win condition, random play loses), the robustness rules, how to check the

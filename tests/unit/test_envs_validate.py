@@ -1,4 +1,4 @@
-"""validate_source: every gate of ENV_CONTRACT.md, on small valid and invalid sources."""
+"""validate_source: every gate of docs/environments.md, on small valid and invalid sources."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rewards and advantages from hand-worked numbers (SPADE.md formulas)."""
+"""Rewards and advantages from hand-worked numbers (docs/method.md formulas)."""
 
 import math
 

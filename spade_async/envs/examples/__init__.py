@@ -1,6 +1,6 @@
 """Bundled hand-written environments: the fixed-pool baseline and the designer's few-shot set.
 
-Each ``*.py`` file here is one environment meeting ENV_CONTRACT.md (standard library only).
+Each ``*.py`` file here is one environment meeting docs/environments.md (standard library only).
 ``EXAMPLES`` maps file name -> (skill, setting). Tool-use files subclass ``ToolUseBaseEnv``
 without importing it, as the reference's generated files do: the sandbox injects it.
 
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from spade_async.errors import UsageError
-from spade_async.roles.prompts import SKILLS  # the six game skills of SPADE.md
+from spade_async.roles.prompts import SKILLS  # the six game skills of docs/method.md
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = ("games", "tool_use")

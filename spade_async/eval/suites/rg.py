@@ -17,7 +17,7 @@ overruns, a problem whose own reference answer does not win.
 Each answer is played as an episode through the environment interface, the path training
 environments take: ``rg_env.SOURCE`` in a sandbox pool (reset shows the problem, one step
 scores the answer with reasoning-gym's own ``score_answer``). Environment code is standard
-library only (ENV_CONTRACT.md), so this pool is a separate one whose workers also see
+library only (docs/environments.md), so this pool is a separate one whose workers also see
 reasoning-gym and its requirements, bound read-only (``PoolConfig.packages``); the pool of
 code and tool-use episodes, and training's, stay standard library only. Every episode gets
 a fresh worker: some scorers evaluate the answer as Python (countdown's ``parse_expr``).
