@@ -52,7 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--name", help="gymnasium: the package's import name")
     s = cmd("import", "validate files in the sandbox and store them (a fixed pool enters here)")
-    s.add_argument("src", type=Path, help="a .py file or a directory of them")
+    s.add_argument(
+        "src", type=Path,
+        help="a .py file or a directory of them, or a source by scheme (docs/interop.md): "
+        "rg:NAME[,NAME..], gym:[MODULE:]ID, gem:ID, verifiers:MODULE",
+    )  # fmt: skip
     s.add_argument(
         "--skill", help="skill for every file (default: a SKILL constant, else 'unspecified')"
     )
@@ -193,7 +197,7 @@ def _export(store: MemoryStore, args) -> None:
 def _import(args) -> None:
     import anyio
 
-    from spade_async.memory.importer import import_files
+    from spade_async.memory.importer import import_files, is_source_value, preload
 
     try:
         seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
@@ -203,12 +207,15 @@ def _import(args) -> None:
         ) from None
     if args.skill is not None and (why := skill_problem(args.skill)) is not None:
         raise ConfigError(f"--skill: {why}; give a short one-line name such as 'logic'")
+    src = args.src
+    if is_source_value(src):  # made (and a bad value refused) before memory is opened
+        src = preload(str(src))
+        for note in src.notes:
+            print(f"note: {term(note, limit=300)}", file=sys.stderr)
     args.run.mkdir(parents=True, exist_ok=True)
     with open_checked(args.run / "memory.lmdb", readonly=False) as store:
         outcomes = anyio.run(
-            lambda: import_files(
-                store, args.src, seeds=seeds, skill=args.skill, setting=args.setting
-            )
+            lambda: import_files(store, src, seeds=seeds, skill=args.skill, setting=args.setting)
         )
     counts = {"accepted": 0, "rejected": 0, "duplicate": 0, "skipped": 0}
     for o in outcomes:

@@ -20,6 +20,8 @@ from typing import Literal
 import anyio
 import msgspec
 
+from spade_async.envs.sources import Item, SourceError, is_scheme
+from spade_async.envs.sources import load as load_source
 from spade_async.errors import ConfigError
 from spade_async.memory.records import Origin, env_id, make_record, skill_problem
 from spade_async.memory.store import MemoryStore
@@ -35,6 +37,26 @@ class FileOutcome(msgspec.Struct, frozen=True, kw_only=True):
     stage: str
     reason: str
     duplicate_of: str | None = None
+
+
+class Loaded(msgspec.Struct, frozen=True, kw_only=True):
+    """A source value made into environment sources, not yet validated or stored."""
+
+    value: str
+    items: list[Item]
+    notes: list[str]
+    packages: tuple[str, ...]
+
+
+def preload(value: str) -> Loaded:
+    """The environments a source value names (``SourceError`` for a bad one: nothing stored)."""
+    src, found, notes = load_source(value)
+    return Loaded(value=value, items=found, notes=notes, packages=src.packages)
+
+
+def is_source_value(src: Path | str) -> bool:
+    """A scheme value (``rg:...``) rather than a file or directory that exists."""
+    return is_scheme(str(src)) and not Path(src).exists()
 
 
 def collect(src: Path) -> list[Path]:
@@ -105,7 +127,7 @@ async def _validate(path: Path, data: bytes, pool, seeds) -> tuple[str | None, o
 
 async def import_files(
     store: MemoryStore,
-    src: Path,
+    src: Path | str | Loaded,
     *,
     seeds: tuple[int, ...] = (),  # empty: the validator draws them per file
     skill: str | None = None,
@@ -114,16 +136,34 @@ async def import_files(
     pool=None,
     writer: MemoryWriter | None = None,
 ) -> list[FileOutcome]:
-    """Validate and store every ``.py`` under ``src``. Pass the run's ``pool`` (an
-    ``EnvPool``) and running ``writer`` to share them; otherwise both are made here."""
+    """Validate and store every ``.py`` under ``src``, or every environment a source value
+    names (``rg:...``: spade_async.envs.sources; a bad value raises ``SourceError`` before
+    anything is stored). Pass the run's ``pool`` (an ``EnvPool``) and running ``writer`` to
+    share them; otherwise both are made here (the pool binding the source's packages)."""
     from spade_async.envs.pool import EnvPool
 
-    files = collect(src)
+    items: dict[int, object] = {}
+    if isinstance(src, str) and is_scheme(src):  # rg:, gym:, gem:, verifiers: (envs.sources)
+        src = await anyio.to_thread.run_sync(preload, src)
+    if isinstance(src, Loaded):
+        files: list[Path] = [Path(it.origin) for it in src.items]
+        items = dict(enumerate(src.items))
+        packages = src.packages
+        src = src.value
+    else:
+        files, packages = collect(Path(src)), ()
     outcomes: list[FileOutcome | None] = [None] * len(files)
     own_writer = writer is None
     async with contextlib.AsyncExitStack() as stack:
         if pool is None:
-            pool = await stack.enter_async_context(EnvPool())
+            from spade_async.envs.pool import PoolConfig
+
+            pool = await stack.enter_async_context(EnvPool(PoolConfig(packages=packages)))
+        elif missing := sorted(set(packages) - set(pool.config.packages)):
+            raise SourceError(
+                f"{src!r} runs code that imports {missing[0]!r} in the sandbox: add it to "
+                f"envs.packages (envs.packages = {sorted(set(pool.config.packages) | set(packages))})"
+            )
         tg = await stack.enter_async_context(anyio.create_task_group())
         if writer is None:
             writer = MemoryWriter(store)
@@ -131,10 +171,14 @@ async def import_files(
         limit = anyio.CapacityLimiter(max(1, pool.config.max_workers))
 
         async def one(i: int, path: Path) -> None:
-            with open(path, "rb") as f:  # never more than the cap (+1 to see it is over)
-                data = f.read(MAX_BYTES + 1)
+            item = items.get(i)
+            if item is None:
+                with open(path, "rb") as f:  # never more than the cap (+1 to see it is over)
+                    data = f.read(MAX_BYTES + 1)
+            else:
+                data = item.code.encode("utf-8")
             code = data.decode("utf-8", errors="replace")
-            file_skill = _skill_of(code, skill)
+            file_skill = _skill_of(code, skill or (item.skill if item else None))
             odd = skill_problem(file_skill)
             if odd is not None:  # an odd record is skipped and counted, not fatal
                 outcomes[i] = FileOutcome(path=str(path), outcome="skipped", id=None,
@@ -144,8 +188,8 @@ async def import_files(
                 reason, verdict = await _validate(path, data, pool, list(seeds))
             fields = dict(
                 skill=file_skill,
-                setting=_setting_of(code, setting),
-                origin=Origin(kind=kind, source=str(path)),
+                setting=_setting_of(code, setting or (item.setting if item else None)),
+                origin=Origin(kind=kind, source=item.origin if item else str(path)),
             )
             if verdict is None:
                 rec = make_record(data, valid=False, stage="read", reason=reason, **fields)
