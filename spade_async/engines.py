@@ -40,8 +40,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     extra_args: Doc(list[str], "extra SGLang server arguments, verbatim") = []
     deterministic: Doc(
         bool,
-        "kind = sglang: reproducible plays (--enable-deterministic-inference; SGLang honours "
-        "the agent's sampling_seed only with it, at some speed cost)",
+        "reproducible generation: SGLang runs --enable-deterministic-inference (it honours "
+        "sampling_seed only with it, at some speed cost); the CPU engine runs --deterministic "
+        "(one sequence at a time, no prefix cache, threads fixed: 1 unless `threads`). Set by "
+        "the run's `deterministic`",
     ) = False
     base_port: Doc(int, "first engine port (0 = pick free ports)") = 0
     host: Doc(str, "bind address of the engines") = "127.0.0.1"
@@ -117,8 +119,11 @@ class CPUEngineServer(SGLangServer):
                 cfg.weight_version,
             ]
             + (["--threads", str(threads)] if threads else [])
+            + (["--deterministic"] if cfg.deterministic else [])
             + list(flags)
         )
+        if cfg.deterministic and not threads:
+            threads = 1  # the thread count fixes the order of every reduction
         self.env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
         self.argv = watchdog.prefix(cpus=cpus) + self.argv
 

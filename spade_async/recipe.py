@@ -73,7 +73,19 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         "async: generation and training overlap; sync: generate, train, push in turn",
     ) = "async"
     max_steps: Doc(int, "policy updates to run") = 400
-    seed: Doc(int, "seed for document, skill, memory and episode sampling") = 0
+    seed: Doc(
+        int,
+        "seed for document, skill, memory and episode sampling, and (hashed with each "
+        "request's identity) every generation request's sampling_seed",
+    ) = 0
+    deterministic: Doc(
+        bool,
+        "runs that repeat (docs/determinism.md): the engines run deterministic (CPU: one "
+        "sequence at a time, no prefix cache, fixed threads; SGLang: "
+        "--enable-deterministic-inference), the sync schedule (an async recipe runs its sync "
+        "equivalent), episodes reach the trainer in a fixed order; two runs of one seed give "
+        "the same step records (times aside), memory and weights",
+    ) = False
     model: Doc(str, "embedded model name or local Hugging Face directory") = "smollm2-135m-instruct"
     designer_enabled: Doc(bool, "generate environments (false: agent plays memory/pool only)") = (
         True
@@ -139,6 +151,10 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     derived = {k: v for k, v in derived.items() if k not in given}
     if derived:
         cfg = msgspec.structs.replace(cfg, trainer=msgspec.structs.replace(cfg.trainer, **derived))
+    if cfg.deterministic and not cfg.engine.deterministic:  # the engines follow the run
+        cfg = msgspec.structs.replace(
+            cfg, engine=msgspec.structs.replace(cfg.engine, deterministic=True)
+        )
     check(cfg)
     return cfg
 

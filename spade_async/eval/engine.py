@@ -6,22 +6,41 @@ latest export (``hf/``) at the policy version of its latest checkpoint.
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from spade_async.eval.types import Item, Sampling
 from spade_async.generation.chat import render_prompt
 from spade_async.generation.protocol import SamplingParams
+from spade_async.generation.seeds import request_seed
 
 __all__ = ["ClientGenerator", "resolve_target"]
 
 
 class ClientGenerator:
-    """Chat messages -> one completion through the project's ``GenerationClient``."""
+    """Chat messages -> one completion through the project's ``GenerationClient``.
 
-    def __init__(self, client: Any, tokenizer: Any, *, max_context: int = 0) -> None:
+    Every request carries a ``sampling_seed`` (``generation/seeds.py``) from ``seed``, the
+    item's id, the prompt's tokens and how many times this generator was asked that same
+    prompt of that item before (the ``n`` samples of a problem: the k-th ask draws with the
+    k-th seed, whatever order they arrive in). A new generator per evaluation starts the
+    count afresh, so every evaluation of a run draws the same seeds (comparable versions)."""
+
+    def __init__(self, client: Any, tokenizer: Any, *, max_context: int = 0, seed: int = 0) -> None:
         self.client, self.tokenizer, self.max_context = client, tokenizer, max_context
+        self.seed = seed
         self.requests = 0
+        self._asked: Counter[tuple[str, bytes]] = Counter()
+
+    def request_seed(self, item: Item | None, ids: list[int]) -> int:
+        """The seed of the next ask of prompt ``ids`` for ``item``."""
+        digest = hashlib.blake2b(repr(list(ids)).encode(), digest_size=16).digest()
+        key = (item.id if item is not None else "", digest)
+        k = self._asked[key]
+        self._asked[key] += 1
+        return request_seed(self.seed, "eval", key[0], digest.hex(), k)
 
     async def __call__(
         self, messages: list[dict], sampling: Sampling, *, item: Item | None = None,
@@ -35,6 +54,7 @@ class ClientGenerator:
         params = SamplingParams(
             max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
             top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+            sampling_seed=self.request_seed(item, list(ids)),
         )  # fmt: skip
         self.requests += 1
         out = await self.client.generate(ids, params, return_logprob=False)

@@ -71,7 +71,6 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
     cfg: EvalConfig = rt.cfg.eval
     if not cfg.interval and not cfg.before_train:
         return
-    generate = ClientGenerator(rt.client, rt.tokenizer)
     # a resumed run: boundaries before its first version were the earlier process's
     last: int | None = rt.state.version - 1 if rt.state.version > 0 else None
     while not stop.is_set():
@@ -86,6 +85,8 @@ async def evaluator(rt: Runtime, stop: anyio.Event) -> None:
             last = version
             out = rt.run_dir.root / "eval" / f"v{version}"
             out.mkdir(parents=True, exist_ok=True)
+            # one generator per evaluation: every version is sampled with the same seeds
+            generate = ClientGenerator(rt.client, rt.tokenizer, seed=rt.cfg.seed)
             res = await evaluate(
                 list(cfg.suites), generate, out=out, model=rt.cfg.model, n=cfg.n,
                 limit=cfg.limit, max_tokens=cfg.max_tokens, concurrency=cfg.concurrency,

@@ -266,6 +266,10 @@ class GenerationClient(WeightRoutes):
         enabled (``enable_routes``) a request with log-probs asks for the routes of positions
         ``routes_from`` on (SGLang's ``routed_experts_start_len``: a later turn of an episode
         asks only for what it adds)."""
+        if sampling.n > 1 and sampling.sampling_seed is not None:
+            return await self._seeded_n(
+                input_ids, sampling, return_logprob, session_key, routes_from
+            )
         want_routes = self.route_shape is not None and return_logprob
         async with self._limiter:
             adapter = self.adapter if self.lora else None
@@ -292,6 +296,28 @@ class GenerationClient(WeightRoutes):
             results = await anyio.to_thread.run_sync(
                 self._all_routes, results, outs, routes_from, sent
             )
+        return results
+
+    async def _seeded_n(self, input_ids, sampling, return_logprob, session_key, routes_from):
+        """A seeded ``n > 1`` request as ``n`` requests with seeds ``seed + i`` (the CPU
+        engine's own expansion of ``n``): SGLang samples from (seed, position) alone, so its
+        ``n`` copies of one seeded request would all draw the same tokens (seeds.py)."""
+        results: list = [None] * sampling.n
+
+        async def one(i: int) -> None:
+            single = msgspec.structs.replace(
+                sampling, n=1, sampling_seed=sampling.sampling_seed + i
+            )
+            results[i] = (
+                await self.generate_n(
+                    input_ids, single, return_logprob=return_logprob,
+                    session_key=session_key, routes_from=routes_from,
+                )
+            )[0]  # fmt: skip
+
+        async with anyio.create_task_group() as tg:
+            for i in range(sampling.n):
+                tg.start_soon(one, i)
         return results
 
     def _all_routes(self, results, outs, start: int, sent: int) -> list[GenerateResult]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import uuid
 from typing import Any
@@ -76,6 +77,7 @@ from spade_async.generation.protocol import (
     SamplingParams,
     WeightVersionSpan,
 )
+from spade_async.generation.seeds import request_seed
 from spade_async.generation.sglang_state import SGLangState
 
 __all__ = ["EngineApp", "build_app", "make_engine_app", "serve_in_thread", "main"]
@@ -112,6 +114,7 @@ class EngineApp(ControlRoutes):
 
         self.lora = LoraServing(self, enabled=False)  # --enable-lora (generation/lora.py)
         self.priority = engine.priority  # --enable-priority-scheduling and its flags
+        self.deterministic = False  # --deterministic: an unseeded request's seed from its prompt
 
     # ---- /generate -------------------------------------------------------------------------
     async def generate(self, request: Request) -> Response:
@@ -245,7 +248,9 @@ class EngineApp(ControlRoutes):
         if not sp.ignore_eos:
             stop_ids |= self.engine.eos_ids
         max_new = min(sp.max_new_tokens, self.context_length - n_prompt)
-        base = sp.sampling_seed if sp.sampling_seed is not None else now_seed()
+        base = sp.sampling_seed
+        if base is None:
+            base = request_seed("unseeded", prompt) if self.deterministic else now_seed()
         rid = rid or uuid.uuid4().hex
         seqs = []
         for i in range(sp.n):
@@ -376,13 +381,18 @@ def make_engine_app(
     priority: PriorityPolicy | None = None,
     radix_cache: bool = True,
     routed_experts: bool = False,
+    deterministic: bool = False,
 ) -> EngineApp:
     """Load ``model`` (name or directory) and wrap it; raises ConfigError on a bad model.
     ``enable_lora`` serves adapters (``/load_lora_adapter``) of rank <= ``max_lora_rank``;
     ``priority``: SGLang's priority scheduling (``PriorityPolicy``); ``radix_cache=False``
     (``--disable-radix-cache``) keeps no finished request's KV for its next turn;
     ``routed_experts`` (``--enable-return-routed-experts``, MoE models only) returns each
-    request's routes when it asks (route_capture.py)."""
+    request's routes when it asks (route_capture.py). ``deterministic`` (``--deterministic``):
+    a request's tokens depend on nothing but itself and the weights -- one sequence runs at a
+    time (a batch's padding and shapes change float sums), no prefix cache (cached KV differs
+    from a fresh prefill in the last bits), no preemption, and a request without a seed is
+    sampled with one hashed from its prompt, never the clock (docs/determinism.md)."""
     from spade_async.models import load_causal_lm, resolve_model
 
     path = str(resolve_model(model))
@@ -397,6 +407,10 @@ def make_engine_app(
                 f"--enable-return-routed-experts: {path} is a dense model (no MoE router); "
                 "drop the flag"
             )
+    if deterministic:
+        max_running, radix_cache = 1, False
+        if priority is not None:
+            priority = dataclasses.replace(priority, preemption_threshold=None)
     engine = Engine(
         lm,
         tokenizer,
@@ -408,6 +422,7 @@ def make_engine_app(
     )
     app = EngineApp(engine, model_path=path, context_length=ctx, dtype=dtype)
     app.lora.enabled, app.lora.max_rank = enable_lora, max_lora_rank
+    app.deterministic = deterministic
     return app
 
 
@@ -458,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--weight-version", default="0")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument(
+        "--deterministic", action="store_true",
+        help="one sequence at a time, no prefix cache, 1 thread unless --threads: a request's "
+        "tokens depend only on itself and the weights (docs/determinism.md)",
+    )  # fmt: skip
     # LoRA, as SGLang's flags (generation/lora.py); target modules come from each adapter
     parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
     parser.add_argument("--max-lora-rank", type=int, default=0, help="refuse adapters above it")
@@ -473,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from spade_async.errors import SpadeError
 
+    if args.deterministic and not args.threads:
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -486,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             max_lora_rank=args.max_lora_rank,
             radix_cache=not args.disable_radix_cache,
             routed_experts=args.enable_return_routed_experts,
+            deterministic=args.deterministic,
             priority=PriorityPolicy(
                 enabled=args.enable_priority_scheduling,
                 low_first=args.schedule_low_priority_values_first,

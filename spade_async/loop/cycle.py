@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from spade_async.episodes.records import log_episode
+from spade_async.generation.seeds import request_seed
 from spade_async.loop.design import (  # noqa: F401  (the schedules and tests reach them here)
     Window,
     active_skills,
@@ -82,6 +83,7 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
                 env=env,
                 seed=int(rt.rng.integers(2**31)),
                 cfg=rt.cfg.hint,
+                request_key=request_seed(rt.cfg.seed, "hint", rt.state.step, env.env_id),
             )
         hints[env.env_id] = res.hint
         if res.hint is not None:
@@ -114,13 +116,17 @@ async def play(
     plays_nohint: int | None = None,
 ) -> list[Episode]:
     """Every environment's no-hint plays (``plays_nohint``, default ``agent.plays_nohint``),
-    and its hinted plays on the same seeds (paired)."""
+    and its hinted plays on the same seeds (paired). Returned in the order they were
+    started (environment, then slot), whatever order they finish in; each play's requests
+    carry seeds from (run seed, step, version, environment, slot, reset seed)."""
     cfg = rt.cfg.agent
     n_plain = cfg.plays_nohint if plays_nohint is None else plays_nohint
     limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
-    episodes: list[Episode] = []
+    done: dict[int, Episode] = {}
+    step = rt.state.step
 
-    async def one(env: EnvRef, seed: int, hint: str | None) -> None:
+    async def one(env: EnvRef, seed: int, hint: str | None, slot: int) -> None:
+        key = request_seed(rt.cfg.seed, "agent", step, version, env.env_id, slot, seed)
         async with limiter:
             rt.meters.count("agent/started")
             ep = await play_episode(
@@ -134,22 +140,24 @@ async def play(
                 version=version,
                 meters=rt.meters,
                 timeout_reward=rt.cfg.rewards.timeout_reward,
+                request_key=key,
             )
-        episodes.append(ep)
+        done[slot] = ep
         log_episode(rt, env, ep)  # RUN_DIR/episodes/records.jsonl: what replay needs
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
         rt.meters.count(f"agent/status/{ep.status}")
 
+    slots = 0
     async with anyio.create_task_group() as tg:
         for env in envs:
             seeds = [int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))]
-            for seed in seeds[:n_plain]:
-                tg.start_soon(one, env, seed, None)
             hint = hints.get(env.env_id)
-            if hint:
-                for seed in seeds[: cfg.plays_hint]:
-                    tg.start_soon(one, env, seed, hint)
-    return episodes
+            for seed, h in [(s, None) for s in seeds[:n_plain]] + (
+                [(s, hint) for s in seeds[: cfg.plays_hint]] if hint else []
+            ):
+                tg.start_soon(one, env, seed, h, slots)
+                slots += 1
+    return [done[i] for i in sorted(done)]
 
 
 async def score(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from spade_async.generation.seeds import request_seed
 from spade_async.rewards import (
     designer_advantages,
     designer_reward,
@@ -73,29 +74,34 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
                 max_turns=rt.cfg.agent.max_turns,
             )
             groups.append((skill, doc.id if doc else None, prompt, shown))
-    out: list[DesignSample] = []
+    done: dict[int, list[DesignSample]] = {}
+    # deterministic: one group at a time, so memory sees its records (and near duplicates
+    # their twins) in the same order every run
+    limiter = anyio.CapacityLimiter(1 if rt.cfg.deterministic else max(1, len(groups)))
 
-    async def one(skill, doc_id, prompt, shown) -> None:
+    async def one(g: int, skill, doc_id, prompt, shown) -> None:
         # engine and pool (validation) time are metered inside design_group
-        samples = await design_group(
-            client=rt.client,
-            pool=rt.pool,
-            tokenizer=rt.tokenizer,
-            writer=rt.writer,
-            run_dir=rt.run_dir,
-            cfg=d,
-            prompt=prompt,
-            skill=skill,
-            doc_id=doc_id,
-            version=version,
-            examples=shown,
-            meters=rt.meters,
-        )
-        out.extend(samples)
+        async with limiter:
+            done[g] = await design_group(
+                client=rt.client,
+                pool=rt.pool,
+                tokenizer=rt.tokenizer,
+                writer=rt.writer,
+                run_dir=rt.run_dir,
+                cfg=d,
+                prompt=prompt,
+                skill=skill,
+                doc_id=doc_id,
+                version=version,
+                examples=shown,
+                meters=rt.meters,
+                seed=request_seed(rt.cfg.seed, "designer", rt.state.step, version, g, skill),
+            )
 
     async with anyio.create_task_group() as tg:
-        for g in groups:
-            tg.start_soon(one, *g)
+        for g, group in enumerate(groups):
+            tg.start_soon(one, g, *group)
+    out = [s for g in sorted(done) for s in done[g]]  # group order, not completion order
     for s in out:
         rt.meters.add_tokens("designer", len(s.output_ids) + s.extra_tokens)
         rt.meters.count("designer/generated")

@@ -67,7 +67,9 @@ async def _train(cfg: Config, run_dir: RunDir, *, handle_signals: bool) -> int:
 
 
 async def _schedule(rt: Runtime, stop: anyio.Event) -> None:
-    if rt.cfg.schedule == "async":
+    if rt.cfg.schedule == "async" and rt.cfg.deterministic:  # docs/determinism.md
+        rt.tel.event(rt.state.step, "deterministic: the async schedule runs its sync equivalent")
+    elif rt.cfg.schedule == "async":
         from spade_async.loop.schedule_async import run_async
 
         await run_async(rt, stop)

@@ -37,6 +37,7 @@ from spade_async.envs.pool import EnvError, EnvPool
 from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
+from spade_async.generation.seeds import request_seed
 from spade_async.rewards import agent_outcome
 
 Status = Literal[
@@ -230,9 +231,13 @@ async def play_episode(
     version: int,
     meters: Any = None,
     timeout_reward: float = -0.5,
+    request_key: int | None = None,
 ) -> Episode:
     """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time;
-    ``timeout_reward`` (``rewards.timeout_reward``) scores an environment timeout."""
+    ``timeout_reward`` (``rewards.timeout_reward``) scores an environment timeout.
+    ``request_key``: the play's request seed (``generation/seeds.py``: run seed, step,
+    environment, slot); turn ``t`` samples with ``request_seed(request_key, t)``. None: a
+    seed from the reset seed and the turn (a play of one seed repeats, hinted or not)."""
     busy = meters.busy if meters is not None else _no_busy
     key = f"ep-{next(_session)}"
     conv: Conversation | None = None
@@ -274,7 +279,7 @@ async def play_episode(
                         temperature=cfg.temperature,
                         top_p=cfg.top_p,
                         top_k=cfg.top_k,
-                        sampling_seed=(seed * 1009 + conv.turns) % 2**31,  # reproducible plays
+                        sampling_seed=_turn_seed(request_key, seed, conv.turns),
                     ),
                     session_key=key,
                     routes_from=routes.rows,
@@ -385,3 +390,11 @@ def transcript(ep: Episode) -> str:
     if ep.error:
         lines += ["--- error ---", ep.error]
     return "\n".join(lines) + "\n"
+
+
+def _turn_seed(request_key: int | None, seed: int, turn: int) -> int:
+    """One turn's ``sampling_seed``: from the play's request seed, or (none given) from its
+    reset seed, so a play repeats either way."""
+    if request_key is None:
+        return (seed * 1009 + turn) % 2**31
+    return request_seed(request_key, turn)

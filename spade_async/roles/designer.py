@@ -25,6 +25,7 @@ from spade_async.envs.validate import ValidateConfig, Verdict, validate_source
 from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
+from spade_async.generation.seeds import request_seed
 from spade_async.memory.records import Origin, make_record
 from spade_async.memory.sampling import designer_context
 from spade_async.memory.writer import MemoryWriter
@@ -182,11 +183,14 @@ async def design_group(
     version: int,
     examples: list[str] | None = None,
     meters: Any = None,
+    seed: int | None = None,
 ) -> list[DesignSample]:
     """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each.
 
     ``meters`` (telemetry Meters) gets generation as engine time and the validation gates
-    as env_pool time."""
+    as env_pool time. ``seed``: the group's request seed (``generation/seeds.py``); every
+    request of the group derives its ``sampling_seed`` from it and its own place (sample,
+    repair turn, retry), so a rerun of the run's seed samples the same replies."""
     busy = meters.busy if meters is not None else _no_busy
     messages = [{"role": "user", "content": prompt}]
     prompt_ids = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking).token_ids
@@ -196,6 +200,7 @@ async def design_group(
         top_p=cfg.top_p,
         top_k=cfg.top_k,
         n=cfg.samples_per_prompt,
+        sampling_seed=_seed(seed, "sample"),
     )
     try:
         with busy("engine"):
@@ -203,7 +208,7 @@ async def design_group(
     except EngineRequestError as exc:  # e.g. a document too long for the context: skip the group
         return [_rejected(prompt_ids, skill, doc_id, version, f"engine refused the prompt: {exc}")]
     out = []
-    for res in results:
+    for j, res in enumerate(results):
         sample = DesignSample(
             prompt_ids=list(prompt_ids),
             output_ids=list(res.output_ids),
@@ -218,7 +223,7 @@ async def design_group(
             or ("missing" if _wants_routes(client) and res.routed_experts is None else ""),
         )
         with busy("env_pool"):
-            source, verdict = await _check(res.text, pool, cfg)
+            source, verdict = await _check(res.text, pool, cfg, seed)
         sample.verdict = verdict
         await _record(writer, run_dir, sample, source, verdict, cfg)
         turns = 0
@@ -231,16 +236,22 @@ async def design_group(
             conv.add_observation(repair_prompt(verdict.stage, verdict.reason))
             try:
                 with busy("engine"):
-                    fix = await client.generate(conv.token_ids, _one(cfg), return_logprob=False)
+                    fix = await client.generate(
+                        conv.token_ids, _one(cfg, _seed(seed, "repair", j, turns)),
+                        return_logprob=False,
+                    )  # fmt: skip
             except EngineRequestError:  # the repair conversation outgrew the context
                 break
             conv.add_assistant(fix.output_ids, None, fix.text)
             sample.extra_tokens += len(fix.output_ids)
             with busy("env_pool"):
-                source, verdict = await _check(fix.text, pool, cfg)
+                source, verdict = await _check(fix.text, pool, cfg, seed)
             sample.repaired = verdict.valid
             await _record(writer, run_dir, sample, source, verdict, cfg)
-        await _retry(client, pool, writer, run_dir, cfg, sample, prompt_ids, busy)
+        await _retry(
+            client, pool, writer, run_dir, cfg, sample, prompt_ids, busy,
+            seed=_seed(seed, "retry", j),
+        )  # fmt: skip
         out.append(sample)
     return out
 
@@ -249,18 +260,32 @@ def _wants_routes(client) -> bool:
     return getattr(client, "route_shape", None) is not None  # routing replay (enable_routes)
 
 
-def _one(cfg: DesignerConfig) -> SamplingParams:
+def _seed(seed: int | None, *place: object) -> int | None:
+    """The request seed of one request of a group seeded ``seed`` (None: unseeded)."""
+    return None if seed is None else request_seed(seed, *place)
+
+
+def _one(cfg: DesignerConfig, seed: int | None = None) -> SamplingParams:
     """One more designer sample (a repair turn or a retry), sampled like the first."""
     return SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
+        sampling_seed=seed,
     )
 
 
 async def _retry(
-    client, pool, writer, run_dir, cfg: DesignerConfig, sample, prompt_ids, busy=None
+    client,
+    pool,
+    writer,
+    run_dir,
+    cfg: DesignerConfig,
+    sample,
+    prompt_ids,
+    busy=None,
+    seed: int | None = None,
 ) -> None:
     """Fresh samples of the same prompt until one is valid (at most ``cfg.retries``): the
     valid one enters the pool; none is trained (the sample keeps its first attempt)."""
@@ -269,12 +294,15 @@ async def _retry(
         sample.retries += 1
         try:
             with busy("engine"):
-                res = await client.generate(list(prompt_ids), _one(cfg), return_logprob=False)
+                res = await client.generate(
+                    list(prompt_ids), _one(cfg, _seed(seed, sample.retries)),
+                    return_logprob=False,
+                )  # fmt: skip
         except EngineRequestError:
             return
         sample.extra_tokens += len(res.output_ids)
         with busy("env_pool"):
-            source, verdict = await _check(res.text, pool, cfg)
+            source, verdict = await _check(res.text, pool, cfg, seed)
         await _record(writer, run_dir, sample, source, verdict, cfg)
 
 
@@ -291,7 +319,12 @@ def _rejected(prompt_ids, skill, doc_id, version, reason: str) -> DesignSample:
     )
 
 
-async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | None, Verdict]:
+async def _check(
+    reply: str, pool: EnvPool, cfg: DesignerConfig, seed: int | None = None
+) -> tuple[str | None, Verdict]:
+    """The reply's environment and its verdict. ``seed`` (the request's): the gates' random
+    seeds and garbage come from it and the file's text, so a rerun of the run's seed judges
+    the same file the same way (None: drawn afresh, as ``spade env check``)."""
     fam = family(cfg.family) if cfg.family else None
     reply = strip_think(reply)  # code inside the reasoning is not the answer
     source = fam.build(reply) if fam else extract_code(reply)
@@ -302,8 +335,9 @@ async def _check(reply: str, pool: EnvPool, cfg: DesignerConfig) -> tuple[str | 
     if own is not None:
         return source, await own(source)
     return source, await validate_source(
-        source, pool=pool, seeds=cfg.validation_seeds, config=ValidateConfig(gates=cfg.gates)
-    )
+        source, pool=pool, seeds=cfg.validation_seeds,
+        config=ValidateConfig(gates=cfg.gates, probe_seed=_seed(seed, "validate", source)),
+    )  # fmt: skip
 
 
 async def _record(

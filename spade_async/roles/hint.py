@@ -19,6 +19,7 @@ from spade_async.envs.validate import solution_actions
 from spade_async.generation.chat import render_prompt, strip_think
 from spade_async.generation.client import GenerationClient
 from spade_async.generation.protocol import SamplingParams
+from spade_async.generation.seeds import request_seed
 from spade_async.roles.agent import EnvRef
 from spade_async.roles.prompts import hint_prompt, hint_system, leaks_solution
 
@@ -50,7 +51,11 @@ async def write_hint(
     env: EnvRef,
     seed: int,
     cfg: HintConfig,
+    request_key: int | None = None,
 ) -> HintResult:
+    """``seed``: the reset seed of the instance ``solution()`` runs on (leak check);
+    ``request_key``: the hint's request seed (``generation/seeds.py``), each attempt's
+    ``sampling_seed`` derived from it (None: unseeded)."""
     if not cfg.enabled:
         return HintResult(None, 0, 0)
     actions: list[str] = []
@@ -72,10 +77,15 @@ async def write_hint(
         enable_thinking=False,  # a hint is an answer, not a chain of thought (Qwen3)
     )
     leaks = tokens = 0
-    for _ in range(cfg.retries + 1):
+    for attempt in range(cfg.retries + 1):
+        sampling_seed = None if request_key is None else request_seed(request_key, attempt)
         res = await client.generate(
             prompt,
-            SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature),
+            SamplingParams(
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                sampling_seed=sampling_seed,
+            ),
             return_logprob=False,
         )
         tokens += len(res.output_ids)

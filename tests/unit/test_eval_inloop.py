@@ -89,7 +89,7 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
                      data={"gpqa_diamond": str(data)})  # fmt: skip
 
     class Gold:
-        def __init__(self, client, tokenizer):
+        def __init__(self, client, tokenizer, **kw):
             pass
 
         async def __call__(self, messages, sampling, *, item=None):
@@ -98,7 +98,7 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
     monkeypatch.setattr(inloop, "ClientGenerator", Gold)
     monkeypatch.setattr(inloop, "POLL_S", 0.01)
     rt = SimpleNamespace(
-        cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None, pool=None,
+        cfg=SimpleNamespace(eval=cfg, model="m", seed=0), client=None, tokenizer=None, pool=None,
         tel=_Tel(), state=SimpleNamespace(version=0, step=0), run_dir=SimpleNamespace(root=tmp_path),
     )  # fmt: skip
 
@@ -116,7 +116,10 @@ def test_evaluator_runs_while_versions_advance(tmp_path, monkeypatch):
     versions = [vals["eval/policy_version"] for _, kind, vals in rt.tel.records]
     assert versions == [0, 2, 4]
     assert [r["eval/policy_version"] for r in rt.tel.sinks[0].records] == versions
-    assert all(kind == "eval" and vals["eval/gpqa_diamond/avg@2"] == 1.0 for _, kind, vals in rt.tel.records)
+    assert all(
+        kind == "eval" and vals["eval/gpqa_diamond/avg@2"] == 1.0
+        for _, kind, vals in rt.tel.records
+    )
     for v in versions:
         res = json.loads((Path(tmp_path) / "eval" / f"v{v}" / "results.json").read_text())
         assert res["policy_version"] == v and res["suites"]["gpqa_diamond"]["samples"] == 8
@@ -133,7 +136,9 @@ def test_evaluation_does_not_wait_behind_a_full_training_pool(tmp_path, monkeypa
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_scripted import Scripted, gold_reply
 
-    monkeypatch.setattr(inloop, "ClientGenerator", lambda client, tokenizer: Scripted(gold_reply))
+    monkeypatch.setattr(
+        inloop, "ClientGenerator", lambda client, tokenizer, **kw: Scripted(gold_reply)
+    )
     monkeypatch.setattr(inloop, "POLL_S", 0.01)
     cfg = EvalConfig(interval=0, before_train=True, suites=["humaneval"], n=1, limit=2)
     busy = """
@@ -149,7 +154,7 @@ class BusyEnv:
         async with EnvPool(training) as pool:
             await pool.open(busy)  # training's episode holds its only worker
             rt = SimpleNamespace(
-                cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None,
+                cfg=SimpleNamespace(eval=cfg, model="m", seed=0), client=None, tokenizer=None,
                 pool=pool, tel=_Tel(), state=SimpleNamespace(version=0, step=0),
                 run_dir=SimpleNamespace(root=tmp_path),
             )  # fmt: skip
@@ -184,7 +189,9 @@ def test_dashboard_panel_shows_eval_curves():
     assert "held-out evaluation" in text and "aime25/avg@1 v4" in text
 
 
-def test_a_boundary_passed_during_a_long_evaluation_is_evaluated_late_and_logged(tmp_path, monkeypatch):
+def test_a_boundary_passed_during_a_long_evaluation_is_evaluated_late_and_logged(
+    tmp_path, monkeypatch
+):
     """interval 2; the v2 evaluation lasts while training reaches v5: the v4 boundary is not
     skipped: v5 is evaluated for it, with a warning event and eval/due_version = 4."""
     rows = [{"Question": "Q?", "Correct Answer": "yes", "Incorrect Answer 1": "a",
@@ -193,12 +200,12 @@ def test_a_boundary_passed_during_a_long_evaluation_is_evaluated_late_and_logged
     data.write_text(json.dumps(rows[0]) + "\n")
     cfg = EvalConfig(interval=2, suites=["gpqa_diamond"], n=1, data={"gpqa_diamond": str(data)})
     rt = SimpleNamespace(
-        cfg=SimpleNamespace(eval=cfg, model="m"), client=None, tokenizer=None, pool=None,
+        cfg=SimpleNamespace(eval=cfg, model="m", seed=0), client=None, tokenizer=None, pool=None,
         tel=_Tel(), state=SimpleNamespace(version=0, step=0), run_dir=SimpleNamespace(root=tmp_path),
     )  # fmt: skip
 
     class Slow:
-        def __init__(self, client, tokenizer):
+        def __init__(self, client, tokenizer, **kw):
             pass
 
         async def __call__(self, messages, sampling, *, item=None, tools=None):
