@@ -11,8 +11,11 @@ never ran through the model): ``seqlen - 1 - start_len`` of them
 below 0 or above the prompt's length (``managers/scheduler.py``). The CPU engine
 (``engine.py``, ``route_capture.py``) writes the same bytes.
 
-A sample keeps its routes compact (``RouteShape.dtype``: uint8 for up to 256 experts, else
-int16): row ``p`` is the route of token ``p`` of the sample. Tokens past the last row (a
+A sample keeps its routes compact (``RouteShape.dtype``: uint8 below 256 experts, else
+int16): row ``p`` is the route of token ``p`` of the sample. The dtype's largest value
+(``RouteShape.unset``) stands for SGLang's ``-1`` (newer SGLang marks padding rows so): those
+tokens route freely in the trainer (``trainer/route_sanity.py``), the rest of the sample
+still replays. Tokens past the last row (a
 template's closing tokens after the last turn) route freely: no trained token depends on
 them (``check_sample``). ``tests/contract`` checks the field names, types and rules above
 against the pinned wheel.
@@ -45,8 +48,14 @@ class RouteShape(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def dtype(self) -> np.dtype:
-        """How a sample stores one expert id (the plan counts these bytes)."""
-        return np.dtype(np.uint8) if self.experts <= 256 else np.dtype("<i2")
+        """How a sample stores one expert id (the plan counts these bytes); its largest value
+        is reserved for ``unset``."""
+        return np.dtype(np.uint8) if self.experts < 256 else np.dtype("<i2")
+
+    @property
+    def unset(self) -> int:
+        """The stored id of SGLang's ``-1`` (no route recorded for that token)."""
+        return int(np.iinfo(self.dtype).max)
 
     @property
     def row_bytes(self) -> int:
@@ -98,10 +107,10 @@ def decode_sglang(text: str, shape: RouteShape, expected_rows: int) -> bytes:
     if got != expected_rows:
         raise RouteError(f"routed_experts has {got} token rows, expected {expected_rows}")
     ids = np.frombuffer(raw, dtype="<i4")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= shape.experts):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+    if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= shape.experts):
+        bad = int(ids.min()) if int(ids.min()) < -1 else int(ids.max())
         raise RouteError(f"routed_experts holds expert id {bad}, outside [0, {shape.experts})")
-    return ids.astype(shape.dtype).tobytes()
+    return np.where(ids < 0, shape.unset, ids).astype(shape.dtype).tobytes()  # -1: unset
 
 
 def encode_sglang(ids_RLK) -> str:
@@ -121,7 +130,9 @@ def rows(data: bytes, shape: RouteShape) -> int:
 
 def check_sample(data: bytes, shape: RouteShape, n_tokens: int, loss_mask) -> None:
     """RouteError unless ``data`` covers every position a trained token depends on: rows
-    ``0 .. last trained index - 1`` (at most ``n_tokens`` rows), ids in range."""
+    ``0 .. last trained index - 1`` (at most ``n_tokens`` rows), ids in range or unset.
+    The trainer calls it per sample (``trainer/route_sanity.py``): a short sample (a later
+    turn came back without routes) replays the rows it has and is counted as partial."""
     n = rows(data, shape)
     last = max((i for i, m in enumerate(loss_mask) if m), default=0)
     if n > n_tokens or n < last:
@@ -129,5 +140,6 @@ def check_sample(data: bytes, shape: RouteShape, n_tokens: int, loss_mask) -> No
             f"routes cover {n} tokens; the sample has {n_tokens} and trains up to token {last}"
         )
     ids = np.frombuffer(data, dtype=shape.dtype)
-    if ids.size and int(ids.max()) >= shape.experts:
-        raise RouteError(f"routes hold expert id {int(ids.max())}, outside [0, {shape.experts})")
+    bad = ids[(ids >= shape.experts) & (ids != shape.unset)]
+    if bad.size:
+        raise RouteError(f"routes hold expert id {int(bad[0])}, outside [0, {shape.experts})")

@@ -68,6 +68,14 @@ class TrainerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         "KL target: a frozen copy of the initial policy on the trainer ranks, sharded like the "
         "policy (the reference's --ref-load), or the engines' rollout log-probs (no extra memory)",
     ) = "initial"
+    kl_reference_routes: Doc(
+        Literal["free", "replay"],
+        "MoE with routing_replay: how the initial-policy KL reference routes. 'free': its own "
+        "router picks the experts, as slime's reference pass does (the KL compares the policy "
+        "under the engine's routes with the reference as it routes itself; small, not 0, at "
+        "step 0); 'replay': the engine's recorded routes too (the KL measures weight drift "
+        "under fixed routes; 0 at step 0) (trainer/routing.py)",
+    ) = "free"
     entropy_coef: Doc(float, "entropy bonus coefficient; 0 skips computing entropy") = 0.0
     head: Doc(
         Literal["fused", "recompute"],

@@ -120,7 +120,9 @@ class Trainer:
         if self.ref_adapters_off:  # LoRA: the frozen base is the initial policy
             from spade_async.trainer.lora import adapters_off
 
-            with torch.no_grad(), adapters_off(self.model):
+            free = self.routing is not None and self.cfg.kl_reference_routes == "free"
+            routes = self.routing.routing_freely() if free else contextlib.nullcontext()
+            with torch.no_grad(), adapters_off(self.model), routes:  # routing.py: KL reference
                 return _logprobs(self.model, mb)
         if self.ref_model is None:
             return mb.rollout_logprob_T
@@ -379,18 +381,15 @@ class Trainer:
         return norm
 
 
-ROUTE_KEYS = ("route_mismatched_n", "route_drifted_n", "route_routed_n")
+ROUTE_KEYS = ("route_mismatched_n", "route_drifted_n", "route_routed_n", "route_replayed_n",
+              "route_needed_n", "route_layout_n")  # fmt: skip
 
 
 def _route_metrics(metrics: dict[str, float], routing) -> None:
-    """Route shares from the step's counts (both divided by the same loss-token count above,
-    so their ratio is exact) and the samples of this rank trained without replay."""
-    mismatched, drifted, routed = (metrics.pop(k) for k in ROUTE_KEYS)
-    metrics["route_mismatch"] = mismatched / routed if routed else 0.0
-    metrics["route_drift"] = drifted / routed if routed else 0.0
-    metrics["route_replay"] = float(routing.replay)
-    metrics["route_samples_missing"] = float(routing.missing)
-    metrics["route_samples_bad"] = float(routing.bad)
+    """Route metrics from the step's counts (all divided by the same loss-token count above:
+    multiplied back, so shares are exact and counts whole); ``routing.metrics`` names them."""
+    scale = max(metrics["loss_tokens"], 1.0)
+    routing.metrics(metrics, [metrics.pop(k) * scale for k in ROUTE_KEYS])
 
 
 def _logprobs(model: PolicyModel, mb) -> torch.Tensor:

@@ -84,6 +84,7 @@ def test_replay_uses_the_engines_routes_and_lowers_the_mismatch(replayed):
     assert on["route_drift"] > 0  # its own router (on replayed inputs) still disagrees
     assert on["mismatch_kl"] < off["mismatch_kl"]
     assert on["route_samples_missing"] == 0 and on["route_replay"] == 1.0
+    assert on["route_replayed_share"] == 1.0 and off["route_replayed_share"] == 0.0
 
 
 @pytest.mark.parametrize(("layout", "head"), [("padded", "fused"), ("packed", "recompute")])
@@ -94,19 +95,42 @@ def test_replay_does_not_depend_on_layout_or_head(moe_dir, samples, replayed, la
     assert got["mismatch_kl"] == pytest.approx(ref["mismatch_kl"], rel=1e-4, abs=1e-9)
 
 
-def test_lora_and_the_kl_reference_replay(moe_dir, samples):
+def test_lora_and_the_kl_reference_route_freely_by_default(moe_dir, samples):
     """Adapters on the attention projections; the KL reference (the base, adapters off, and
-    a frozen copy) runs its forward on the same routes: with identical weights its KL is 0."""
+    a frozen copy) routes with its own router (slime's FALLTHROUGH ref pass): its log-probs
+    are the free forward's, not the replayed policy's, and the step-0 KL is not 0."""
+    from spade_async.trainer.packing import build_microbatch
+    from spade_async.trainer.step import _logprobs
+
+    mb = build_microbatch(samples, list(range(len(samples))), packed=True)
     lora = _trainer(moe_dir, lora=LoraConfig(rank=4, target_modules=("q_proj", "v_proj")),
                     kl_coef=0.1)  # fmt: skip
+    full = _trainer(moe_dir, kl_coef=0.1)
+    assert full.ref_model is not None and full.cfg.kl_reference_routes == "free"
+    for trainer in (lora, full):
+        m, per_micro = _step(trainer, samples, True)
+        assert max(per_micro) == 0.0 and m["route_drift"] > 0 and m["kl"] > 0
+        trainer.routing.prepare(samples)
+        trainer.routing.set_microbatch(mb)
+        with torch.no_grad():
+            ref_T, policy_T = trainer._ref_logprobs(mb), _logprobs(trainer.model, mb)
+        trainer.routing.clear()
+        with torch.no_grad():
+            free_T = _logprobs(trainer.model, mb)
+        assert torch.equal(ref_T, free_T) and (ref_T - policy_T).abs().max() > 0
+
+
+def test_the_kl_reference_replays_when_asked(moe_dir, samples):
+    """``kl_reference_routes = "replay"``: the reference takes the engine's routes too; with
+    identical weights its KL is 0 and its log-probs are the replayed policy's."""
+    lora = _trainer(moe_dir, lora=LoraConfig(rank=4, target_modules=("q_proj", "v_proj")),
+                    kl_coef=0.1, kl_reference_routes="replay")  # fmt: skip
     few = samples[:4]
     m, per_micro = _step(lora, few, True)
     assert max(per_micro) == 0.0 and m["kl"] == pytest.approx(0.0, abs=1e-6)
-    full = _trainer(moe_dir, kl_coef=0.1)
-    assert full.ref_model is not None
+    full = _trainer(moe_dir, kl_coef=0.1, kl_reference_routes="replay")
     m, _ = _step(full, few, True)
     assert m["kl"] == pytest.approx(0.0, abs=1e-6)
-    # the frozen copy's log-probs are the policy's replayed ones, not its own routes'
     from spade_async.trainer.packing import build_microbatch
     from spade_async.trainer.step import _logprobs
 
@@ -130,6 +154,10 @@ def test_samples_without_routes_train_without_replay_and_count(moe_dir, samples)
     m, per_micro = _step(trainer, mixed, True)
     assert m["route_samples_missing"] == 1 and m["route_samples_bad"] == 1
     assert max(per_micro) == 0.0
+    # both samples' needed token x layer routes are counted, and the share says so
+    need = sum(max(i for i, v in enumerate(s.loss_mask) if v) for s in mixed[:2]) * 2
+    assert m["route_free_missing"] + m["route_free_misfit"] == need
+    assert m["route_replayed_share"] < 1.0
     bare = [msgspec.structs.replace(s, routed_experts=b"") for s in samples]
     m, _ = _step(trainer, bare, True)
     assert m["route_samples_missing"] == len(samples) and m["route_mismatch"] == 0.0
@@ -152,8 +180,8 @@ def test_a_sequence_parallel_slice_gets_its_tokens_routes(moe_dir, samples):
         for t in range(len(seq)):
             s, p = int(seq[t]), int(pos[t])
             rows = len(batch[s].routed_experts) // 4 if s >= 0 else 0
-            assert bool(replay.has_T[t]) == (s >= 0 and p < rows)
-            if replay.has_T[t]:
+            assert bool(replay.ok_TL[t].all()) == (s >= 0 and p < rows)
+            if replay.ok_TL[t].all():
                 want = np.frombuffer(batch[s].routed_experts, np.uint8).reshape(-1, 2, 2)[p]
                 assert replay.ids_TLK[t].tolist() == want.tolist()
 
