@@ -193,7 +193,7 @@ async def _import_initial(
     fixed pool, all at once in the run's own sandbox pool."""
     from spade_async.memory.importer import import_files
 
-    jobs: list[tuple[Path, dict]] = []
+    jobs: list[tuple[Path | str, dict]] = []
     if cfg.initial_memory == "examples":
         from spade_async.envs.examples import EXAMPLES, HERE
 
@@ -204,7 +204,10 @@ async def _import_initial(
     elif cfg.initial_memory:
         jobs.append((Path(cfg.initial_memory), {"kind": "import"}))
     if cfg.fixed_pool:
-        jobs.append((Path(cfg.fixed_pool), {"kind": "pool"}))
+        from spade_async.memory.importer import is_source_value
+
+        pool_src = cfg.fixed_pool if is_source_value(cfg.fixed_pool) else Path(cfg.fixed_pool)
+        jobs.append((pool_src, {"kind": "pool"}))
     with status(f"importing {len(jobs)} environment source(s) into memory through the gates"):
         async with anyio.create_task_group() as tg:
             for src, kw in jobs:

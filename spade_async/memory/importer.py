@@ -28,6 +28,7 @@ from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 
 MAX_BYTES = 1 << 20
+PACKAGE_OPEN_S = 60.0  # open budget of a pool whose workers import a library
 
 
 class FileOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,12 +52,18 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True):
 def preload(value: str) -> Loaded:
     """The environments a source value names (``SourceError`` for a bad one: nothing stored)."""
     src, found, notes = load_source(value)
-    return Loaded(value=value, items=found, notes=notes, packages=src.packages)
+    extra = tuple(p for it in found for p in it.packages if p not in src.packages)
+    return Loaded(value=value, items=found, notes=notes, packages=src.packages + extra)
 
 
 def is_source_value(src: Path | str) -> bool:
     """A scheme value (``rg:...``) rather than a file or directory that exists."""
-    return is_scheme(str(src)) and not Path(src).exists()
+    if not is_scheme(str(src)):
+        return False
+    try:
+        return not Path(src).exists()
+    except OSError:  # a name too long for a path: a value
+        return True
 
 
 def collect(src: Path) -> list[Path]:
@@ -158,7 +165,11 @@ async def import_files(
         if pool is None:
             from spade_async.envs.pool import PoolConfig
 
-            pool = await stack.enter_async_context(EnvPool(PoolConfig(packages=packages)))
+            # a library's import (reasoning-gym, gem) takes seconds in a fresh worker
+            budget = {"open_timeout_s": PACKAGE_OPEN_S, "call_timeout_s": 10.0} if packages else {}
+            pool = await stack.enter_async_context(
+                EnvPool(PoolConfig(packages=packages, **budget))
+            )
         elif missing := sorted(set(packages) - set(pool.config.packages)):
             raise SourceError(
                 f"{src!r} runs code that imports {missing[0]!r} in the sandbox: add it to "

@@ -35,6 +35,7 @@ EXPECTED = {
     "qwen3-8b-games.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-8b-tool-use.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-8b-fixed-pool.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
+    "qwen3-8b-rg-fixed-pool.toml": ("/models/Qwen3-8B", [[0], [1], [2], [3]], [4, 5, 6, 7], 0.005),
     "qwen3-30b-a3b-games.toml": (
         "/models/Qwen3-30B-A3B-Instruct-2507",
         [[0, 1]],

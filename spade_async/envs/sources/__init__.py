@@ -53,6 +53,7 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
     origin: str  # the value (and the part of it) this environment holds
     skill: str
     setting: str = "games"
+    packages: tuple[str, ...] = ()  # distributions it imports beyond its scheme's own
 
 
 class Source(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,7 +96,7 @@ def parse(value: str) -> Source:
 
 _EXAMPLE = {
     "rg": "rg:basic_arithmetic,leg_counting?size=100",
-    "gym": "gym:spade_async.envs.sources.textgym:spade/GuessNumber-v0",
+    "gym": "gym:spade_textgym:spade/GuessNumber-v0",
     "gem": "gem:game:GuessTheNumber-v0",
     "verifiers": "verifiers:vf_reverse_text",
 }

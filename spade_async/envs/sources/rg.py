@@ -144,7 +144,8 @@ def items(src: Source) -> tuple[list[Item], list[str]]:
         entries = out["datasets"].get(name, [])
         for lo in range(0, len(entries), per_env):
             chunk = entries[lo : lo + per_env]
-            origin = f"{src.value}#{name}[{lo}:{lo + len(chunk)}]"
+            extra = "" if attempts == 1 else f"&attempts={attempts}"
+            origin = f"rg:{name}?seed={seed}&size={size}{extra}#{lo}:{lo + len(chunk)}"
             code = source(name, chunk, origin=origin, seed=seed, size=size, attempts=attempts)
             result.append(Item(code=code, origin=origin, skill=f"rg-{name}"[:200]))
     return result, list(out["notes"])
