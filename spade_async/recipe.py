@@ -15,6 +15,7 @@ import msgspec
 from spade_async.config import Doc, apply_overrides, convert, read_toml
 from spade_async.corpus.base import CorpusConfig
 from spade_async.engines import EngineConfig
+from spade_async.envs.audit import AuditConfig
 from spade_async.envs.pool import PoolConfig
 from spade_async.errors import ConfigError
 from spade_async.eval.types import EvalConfig
@@ -96,10 +97,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     ) = 4
     replay_envs: Doc(int, "memory environments replayed to the agent each step (PLR sampling)") = 0
     fixed_pool: Doc(
-        str,
-        "environments imported into memory at start (fixed_pool mode): a directory of files, "
-        "or a source by scheme: rg:NAME[,NAME..], gym:[MODULE:]ID, gem:ID, verifiers:MODULE "
-        "(docs/interop.md)",
+        str, "directory of environments imported into memory at start (fixed_pool mode)"
     ) = ""
     initial_memory: Doc(str, "'examples' (bundled environments), a directory, or '' for none") = (
         "examples"
@@ -138,6 +136,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     )
     pipeline: Doc(PipelineConfig, "async schedule: streams and concurrency") = _s(PipelineConfig)
     eval: Doc(EvalConfig, "held-out evaluation during training (spade_async.eval)") = _s(EvalConfig)
+    audit: Doc(
+        AuditConfig, "scripted audit plays inside training and quarantine (docs/audits.md)"
+    ) = _s(AuditConfig)
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -241,20 +242,8 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"
         )
-    from spade_async.envs.sources import is_scheme, parse
-
-    if cfg.fixed_pool and not is_scheme(cfg.fixed_pool) and not Path(cfg.fixed_pool).is_dir():
-        raise ConfigError(
-            f"fixed_pool '{cfg.fixed_pool}' is not a directory of environment files nor a "
-            "source by scheme (rg:, gym:, gem:, verifiers:; docs/interop.md)"
-        )
-    if cfg.fixed_pool and is_scheme(cfg.fixed_pool):  # a bad scheme: one line (SourceError)
-        missing = sorted(set(parse(cfg.fixed_pool).packages) - set(cfg.envs.packages))
-        if missing:
-            raise ConfigError(
-                f"fixed_pool '{cfg.fixed_pool}' imports {missing[0]!r} in the sandbox: add it to "
-                f"envs.packages (envs.packages = {sorted(set(cfg.envs.packages) | set(missing))})"
-            )
+    if cfg.fixed_pool and not Path(cfg.fixed_pool).is_dir():
+        raise ConfigError(f"fixed_pool '{cfg.fixed_pool}' is not a directory of environment files")
     if not cfg.designer_enabled and cfg.replay_envs < 1:
         raise ConfigError(
             "with the designer off the agent only replays memory: set replay_envs >= 1"

@@ -18,6 +18,7 @@ import anyio
 
 from spade_async.episodes.records import log_episode
 from spade_async.generation.seeds import request_seed
+from spade_async.loop import audits
 from spade_async.loop.design import (  # noqa: F401  (the schedules and tests reach them here)
     Window,
     active_skills,
@@ -40,7 +41,7 @@ def env_refs(rt: Runtime, env_ids: list[str]) -> list[EnvRef]:
     refs = []
     for env_id in dict.fromkeys(env_ids):
         rec = rt.store.get(env_id)
-        if rec is not None and rec.valid:
+        if rec is not None and rec.valid and not rec.quarantine:
             refs.append(EnvRef(env_id=rec.id, source=rec.code, setting=rec.setting))
     return refs
 
@@ -124,8 +125,10 @@ async def play(
     limiter = anyio.CapacityLimiter(max(1, rt.cfg.max_concurrent_episodes))
     done: dict[int, Episode] = {}
     step = rt.state.step
+    aud = audits.auditor(rt)  # scripted audit slots (loop/audits.py)
+    envs = [e for e in envs if not audits.is_quarantined(rt, e.env_id)]
 
-    async def one(env: EnvRef, seed: int, hint: str | None, slot: int) -> None:
+    async def one(env: EnvRef, seed: int, hint: str | None, slot: int, pace=None) -> None:
         key = request_seed(rt.cfg.seed, "agent", step, version, env.env_id, slot, seed)
         async with limiter:
             rt.meters.count("agent/started")
@@ -141,8 +144,10 @@ async def play(
                 meters=rt.meters,
                 timeout_reward=rt.cfg.rewards.timeout_reward,
                 request_key=key,
+                pace=pace,
             )
         done[slot] = ep
+        aud.record(ep, pace)  # its replies: garbage for other environments' audits
         log_episode(rt, env, ep)  # RUN_DIR/episodes/records.jsonl: what replay needs
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
         rt.meters.count(f"agent/status/{ep.status}")
@@ -152,10 +157,16 @@ async def play(
         for env in envs:
             seeds = [int(s) for s in rt.rng.integers(2**31, size=max(n_plain, cfg.plays_hint))]
             hint = hints.get(env.env_id)
-            for seed, h in [(s, None) for s in seeds[:n_plain]] + (
-                [(s, hint) for s in seeds[: cfg.plays_hint]] if hint else []
+            paces, scripted = audits.group_plan(rt, env.env_id, n_plain)
+            for i, (seed, h) in enumerate(
+                [(s, None) for s in seeds[:n_plain]]
+                + ([(s, hint) for s in seeds[: cfg.plays_hint]] if hint else [])
             ):
-                tg.start_soon(one, env, seed, h, slots)
+                if i in scripted:  # paced by a real sibling's turns; never trained
+                    pacer, kind = scripted[i]
+                    tg.start_soon(audits.run_scripted, rt, env, seed, paces[pacer], limiter, kind)
+                else:
+                    tg.start_soon(one, env, seed, h, slots, paces.get(i) if h is None else None)
                 slots += 1
     return [done[i] for i in sorted(done)]
 
@@ -355,6 +366,7 @@ async def learn(
     checkpoint. ``pushed()``, if given, runs as soon as the new version is on the engines
     (the async producer's admission), before the logging."""
     cfg, st = rt.cfg, rt.state
+    episodes = audits.drop_quarantined(rt, episodes)  # an audit failed: never trained
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
     batch = await step_batch(rt, episodes, window, window_ends=window_ends)
     samples, zero_adv, designer_mean = batch.samples, batch.zero_advantage, batch.designer_mean

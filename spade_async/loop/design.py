@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from spade_async.generation.seeds import request_seed
+from spade_async.loop.audits import is_quarantined
 from spade_async.rewards import (
     designer_advantages,
     designer_reward,
@@ -160,7 +161,8 @@ def score_designs(
                     prev, sum(plays) / len(plays), cfg.lp_slow_weight
                 )
     for s in window.samples:
-        if not s.verdict.valid or s.env_id is None:  # broken first attempt: reward 0
+        # broken first attempt, or quarantined by an audit while its window is open: reward 0
+        if not s.verdict.valid or s.env_id is None or is_quarantined(rt, s.env_id):
             scored.append(s)
             values.append(0.0)
             continue

@@ -35,14 +35,14 @@ def _parser() -> argparse.ArgumentParser:
         return s
 
     s = cmd("ls", "list environments")
-    s.add_argument("--status", choices=["valid", "invalid", "duplicate"])
+    s.add_argument("--status", choices=["valid", "invalid", "duplicate", "quarantined"])
     s.add_argument("--skill")
     s.add_argument("--limit", type=int, default=None)
     cmd("show", "one environment, with its code").add_argument("id", help="id or unique prefix")
     cmd("stats", "counts: total, valid, duplicates, by skill, regret bands")
     s = cmd("export", "write <id>.py files (byte-identical) and manifest.jsonl")
     s.add_argument("dest", type=Path)
-    s.add_argument("--status", choices=["valid", "invalid", "duplicate"])
+    s.add_argument("--status", choices=["valid", "invalid", "duplicate", "quarantined"])
     s.add_argument(
         "--format",
         choices=["files", "gymnasium", "jsonl"],
@@ -98,6 +98,8 @@ def row(rec: EnvRecord) -> dict:
         "win_rate_hint": s.win_rate_hint,
         "regret": s.regret,
         "times_replayed": s.times_replayed,
+        "quarantine": rec.quarantine,
+        "quarantine_step": rec.quarantine_step,
     }
 
 
@@ -130,6 +132,11 @@ def _ls(store: MemoryStore, args) -> None:
             f"{term(r['id'][:12])}  {term(r['status']):<9} {term(r['skill'], limit=40):<22} "
             f"{term(r['env_class'], limit=40):<24} {term(r['origin']):<12} win={rate} "
             f"regret={r['regret']:.3f}"
+            + (
+                f"  quarantined at step {r['quarantine_step']}: {term(r['quarantine'], limit=120)}"
+                if r["quarantine"]
+                else ""
+            )
         )
 
 

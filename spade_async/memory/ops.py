@@ -55,7 +55,13 @@ class HintOp(msgspec.Struct, frozen=True, kw_only=True):
     hint: str
 
 
-Op = PutOp | StatsOp | ReplayOp | HintOp
+class QuarantineOp(msgspec.Struct, frozen=True, kw_only=True):
+    env_id: str
+    reason: str
+    step: int
+
+
+Op = PutOp | StatsOp | ReplayOp | HintOp | QuarantineOp
 
 
 class PutResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,6 +197,18 @@ def _hint(store: Store, txn: lmdb.Transaction, op: HintOp) -> EnvRecord | None:
     return new
 
 
+def _quarantine(store: Store, txn: lmdb.Transaction, op: QuarantineOp) -> EnvRecord | None:
+    """The first quarantine of a record stays (its reason and step)."""
+    old = store.get(op.env_id, txn)
+    if old is None or old.quarantine:
+        return old
+    new = msgspec.structs.replace(
+        old, quarantine=op.reason or "quarantined", quarantine_step=op.step, updated_at=now()
+    )
+    _replace(store, txn, old, new)
+    return new
+
+
 def apply_one(store: Store, txn: lmdb.Transaction, op: Op) -> Result:
     if isinstance(op, PutOp):
         return _put(store, txn, op)
@@ -198,6 +216,8 @@ def apply_one(store: Store, txn: lmdb.Transaction, op: Op) -> Result:
         return _stats(store, txn, op)
     if isinstance(op, HintOp):
         return _hint(store, txn, op)
+    if isinstance(op, QuarantineOp):
+        return _quarantine(store, txn, op)
     return _replay(store, txn, op)
 
 

@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 
 Setting = Literal["games", "tool_use"]
 OriginKind = Literal["designer", "pool", "import"]
-Status = Literal["valid", "invalid", "duplicate"]
+Status = Literal["valid", "invalid", "duplicate", "quarantined"]
 CtxClass = Literal["positive", "too_easy", "too_hard"]
 
 
@@ -91,6 +91,10 @@ class EnvRecord(msgspec.Struct, frozen=True, kw_only=True):
     exact_repeats: int = 0  # times the same normalised code was submitted again
     near_copies: int = 0  # times a later environment was a near-duplicate of this one
     stats: Stats = msgspec.field(default_factory=Stats)
+    # an audit in training failed (loop/audits.py): "<reason>: <detail>", and the step; a
+    # quarantined environment leaves every sampling index for good
+    quarantine: str = ""
+    quarantine_step: int | None = None
     shown: list[str] = []  # lineage: ids of the memory examples its designer prompt showed
     created_at: float = 0.0
     updated_at: float = 0.0
@@ -103,6 +107,8 @@ class EnvRecord(msgspec.Struct, frozen=True, kw_only=True):
     def status(self) -> Status:
         if not self.valid:
             return "invalid"
+        if self.quarantine:
+            return "quarantined"
         return "duplicate" if self.duplicate_of else "valid"
 
 

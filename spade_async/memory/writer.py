@@ -106,6 +106,10 @@ class MemoryWriter:
         """Append a generated hint to ``env_id``'s record (None if it is unknown)."""
         return await self.submit(ops.HintOp(env_id=env_id, hint=hint))
 
+    async def quarantine(self, env_id: str, reason: str, step: int) -> EnvRecord | None:
+        """Take ``env_id`` out of the sampling pool for good (an audit failed at ``step``)."""
+        return await self.submit(ops.QuarantineOp(env_id=env_id, reason=reason, step=step))
+
     async def mark_replayed(self, env_ids: list[str], version: int) -> int:
         return await self.submit(ops.ReplayOp(env_ids=list(env_ids), version=version))
 

@@ -232,12 +232,14 @@ async def play_episode(
     meters: Any = None,
     timeout_reward: float = -0.5,
     request_key: int | None = None,
+    pace: Any = None,
 ) -> Episode:
     """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time;
     ``timeout_reward`` (``rewards.timeout_reward``) scores an environment timeout.
     ``request_key``: the play's request seed (``generation/seeds.py``: run seed, step,
     environment, slot); turn ``t`` samples with ``request_seed(request_key, t)``. None: a
-    seed from the reset seed and the turn (a play of one seed repeats, hinted or not)."""
+    seed from the reset seed and the turn (a play of one seed repeats, hinted or not).
+    ``pace`` (``envs.audit.Pace``): records the turn times for a scripted sibling play."""
     busy = meters.busy if meters is not None else _no_busy
     key = f"ep-{next(_session)}"
     conv: Conversation | None = None
@@ -253,6 +255,8 @@ async def play_episode(
     routes = _Routes(client)
     try:
         inst = await pool.open(env.source, env_id=env.env_id)
+        if pace is not None:
+            pace.open()
         obs, _ = await pool.reset(inst, seed)
         obs_hashes.append(obs_hash(obs))
         tool_use = env.setting == "tool_use"
@@ -297,6 +301,8 @@ async def play_episode(
             action = strip_think(res.text)  # the environment never sees the reasoning
             action = action if tool_use else parse_action(action)  # what step() receives
             actions.append(action)
+            if pace is not None:
+                pace.tick()
             with busy("env_pool"):
                 obs, step_reward, terminated, truncated, _ = await pool.step(inst, action)
             obs_hashes.append(obs_hash(obs))
@@ -320,6 +326,8 @@ async def play_episode(
     except EngineRequestError as exc:  # e.g. the episode outgrew the context: this request only
         status, error = "engine_error", str(exc)
     finally:
+        if pace is not None:
+            pace.end()
         client.end_session(key)
         if inst is not None:
             try:
