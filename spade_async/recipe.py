@@ -97,7 +97,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     ) = 4
     replay_envs: Doc(int, "memory environments replayed to the agent each step (PLR sampling)") = 0
     fixed_pool: Doc(
-        str, "directory of environments imported into memory at start (fixed_pool mode)"
+        str,
+        "environments imported into memory at start (fixed_pool mode): a directory of files, "
+        "or a source by scheme: rg:NAME[,NAME..], gym:[MODULE:]ID, gem:ID, verifiers:MODULE "
+        "(docs/interop.md)",
     ) = ""
     initial_memory: Doc(str, "'examples' (bundled environments), a directory, or '' for none") = (
         "examples"
@@ -242,8 +245,20 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             "mode 'fixed_pool' needs environments: set fixed_pool = 'DIR' or initial_memory = 'examples'"
         )
-    if cfg.fixed_pool and not Path(cfg.fixed_pool).is_dir():
-        raise ConfigError(f"fixed_pool '{cfg.fixed_pool}' is not a directory of environment files")
+    from spade_async.envs.sources import is_scheme, parse
+
+    if cfg.fixed_pool and not is_scheme(cfg.fixed_pool) and not Path(cfg.fixed_pool).is_dir():
+        raise ConfigError(
+            f"fixed_pool '{cfg.fixed_pool}' is not a directory of environment files nor a "
+            "source by scheme (rg:, gym:, gem:, verifiers:; docs/interop.md)"
+        )
+    if cfg.fixed_pool and is_scheme(cfg.fixed_pool):  # a bad scheme: one line (SourceError)
+        missing = sorted(set(parse(cfg.fixed_pool).packages) - set(cfg.envs.packages))
+        if missing:
+            raise ConfigError(
+                f"fixed_pool '{cfg.fixed_pool}' imports {missing[0]!r} in the sandbox: add it to "
+                f"envs.packages (envs.packages = {sorted(set(cfg.envs.packages) | set(missing))})"
+            )
     if not cfg.designer_enabled and cfg.replay_envs < 1:
         raise ConfigError(
             "with the designer off the agent only replays memory: set replay_envs >= 1"
