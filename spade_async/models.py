@@ -167,9 +167,11 @@ def tiny_model_dir(
 def tiny_moe_dir(
     path: str | Path, *, tokenizer: str = "smollm2-135m-instruct", experts: int = 8,
     topk: int = 2, num_layers: int = 2, hidden_size: int = 64, seed: int = 0,
+    norm_topk_prob: bool = False,
 ) -> Path:  # fmt: skip
     """Write a random-initialised Qwen3-MoE (``tokenizer``'s tokenizer) to ``path``: every
-    layer sparse, ``experts`` experts, ``topk`` per token (routing replay's tests, bench)."""
+    layer sparse, ``experts`` experts, ``topk`` per token, top-k weights renormalised when
+    ``norm_topk_prob`` (the 30B recipes' models) (routing replay's tests, bench)."""
     import torch
     from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -182,7 +184,7 @@ def tiny_moe_dir(
         moe_intermediate_size=hidden_size // 2, num_experts=experts, num_experts_per_tok=topk,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         max_position_embeddings=4096, decoder_sparse_step=1, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        norm_topk_prob=norm_topk_prob, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
     )  # fmt: skip
     torch.manual_seed(seed)
