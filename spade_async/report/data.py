@@ -255,6 +255,23 @@ def designer_outcomes(run: Run) -> dict[str, int]:
     return out
 
 
+def audit_outcomes(run: Run) -> dict[str, int]:
+    """Cumulative audits inside training (loop/audits.py): run (by kind), failed and
+    quarantined (by reason), skipped, and the untrained samples dropped with them."""
+    last = run.steps[-1] if run.steps else {}
+    out: dict[str, int] = {}
+    for key, label in (("audit/run/solution", "run: solution"), ("audit/run/garbage", "run: garbage"),
+                       ("audit/skipped", "skipped")):  # fmt: skip
+        if key in last:
+            out[label] = int(last[key] or 0)
+    for prefix, label in (("audit/failed/", "failed"), ("audit/quarantined/", "quarantined")):
+        for k in sorted(k for k in last if k.startswith(prefix)):
+            out[f"{label}: {k[len(prefix):]}"] = int(last[k] or 0)
+    if "audit/dropped_samples" in last:
+        out["samples dropped"] = int(last["audit/dropped_samples"] or 0)
+    return out
+
+
 def staleness(run: Run) -> dict[str, tuple[list[int], list[float]]]:
     keys = {
         "max agent sample age": "batch/max_agent_age",
@@ -325,6 +342,7 @@ def mismatch(run: Run) -> dict[str, tuple[list[int], list[float]]]:
         "mean |Δ log p|": "train/logprob_gap",
         "MoE routes ≠ engine's (share)": "train/route_mismatch",  # 0 with routing replay
         "MoE router drift (share)": "train/route_drift",
+        "MoE routes replayed (share)": "train/route_replayed_share",  # 1.0 with replay
     }
     return {k: v for k, v in ((k, series(run, key)) for k, key in keys.items()) if v[0]}
 
@@ -396,6 +414,7 @@ COMPARE_KEYS = {
     "agent tokens/s": "tokens_per_s/agent",
     "mismatch KL": "train/mismatch_kl",
     "MoE route mismatch": "train/route_mismatch",
+    "MoE routes replayed (share)": "train/route_replayed_share",
 }
 
 

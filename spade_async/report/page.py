@@ -95,10 +95,14 @@ def s_skills(run: D.Run) -> str:
 
 
 def s_designer(run: D.Run) -> str:
-    counts = D.designer_outcomes(run)
+    counts, audits = D.designer_outcomes(run), D.audit_outcomes(run)
+    figs = []
+    if audits:
+        figs.append(F.bars(audits, title="audits in training (cumulative)", ylabel="plays / envs"))
     if not any(counts.values()):
-        return note("no designer generation recorded (designer off, or no step yet)")
-    return grid([F.bars(counts, title="designer outcomes (cumulative)", ylabel="generations")])
+        return note("no designer generation recorded (designer off, or no step yet)") + grid(figs)
+    outcomes = F.bars(counts, title="designer outcomes (cumulative)", ylabel="generations")
+    return grid([outcomes, *figs])
 
 
 def s_staleness(run: D.Run) -> str:

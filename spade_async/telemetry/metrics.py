@@ -37,6 +37,12 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
                                     the engine's; train/route_replay: 1 when replaying;
                                     train/route_samples_missing: samples trained without
                                     routes; routes/dropped: samples whose routes misfit
+  train/route_replayed_share float  MoE: token x layer routes replayed / those a trained
+                                    token depends on (1.0 with replay; below 0.99 warns);
+                                    train/route_free_<reason>: those routed freely, by
+                                    reason (missing, misfit, partial, unset, zero,
+                                    duplicate, layout; docs/routing-replay.md);
+                                    train/route_samples_partial: samples with short routes
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory
@@ -46,6 +52,14 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   router/healthy             bool   engine.router: the router answers /health
   staleness/dropped          int    cumulative samples dropped for staleness
   hint/leaks                 int    cumulative hints rejected as leaking the answer
+  audit/run, audit/run/<kind> int   cumulative scripted audit plays (kind: solution, garbage;
+                                    loop/audits.py); audit/skipped: none could run
+  audit/failed/<reason>      int    cumulative failed audits; reason: solution_lost,
+                                    garbage_won, audit_fault (a crash or hang under audit)
+  audit/quarantined[/<reason>] int  cumulative environments quarantined (per reason)
+  audit/dropped_samples      int    cumulative untrained episodes of quarantined environments
+  audit/env_calls            int    cumulative environment calls of audits (solution fetch
+                                    included); their engine tokens are 0 by construction
   (any other numeric key, e.g. loss/policy, goes to the sinks and the dashboard's "other")
 
 kind = "env" -- one per judged environment (the dashboard's latest-environments table):

@@ -124,7 +124,8 @@ def mismatch(st: Any) -> Panel | None:
     r = st.latest
     keys = (("train/mismatch_kl", "KL"), ("train/mismatch_max", "max |Δ|"),
             ("train/logprob_gap", "mean |Δ|"), ("train/route_mismatch", "MoE routes ≠"),
-            ("train/route_drift", "router drift"))  # fmt: skip
+            ("train/route_drift", "router drift"),
+            ("train/route_replayed_share", "MoE replayed"))  # fmt: skip
     if not any(k in r for k, _ in keys):
         return None
     t = _grid("lrl")
@@ -224,9 +225,14 @@ def health(st: Any) -> Panel:
     for key, name in (("memory/size", "memory size"), ("memory/duplicates", "duplicates rejected"),
                       ("staleness/dropped", "stale samples dropped"), ("hint/leaks", "hint leaks"),
                       ("trainer/restarts", "trainer restarts"),
-                      ("train/lost_batches", "batches lost to a dead trainer")):  # fmt: skip
+                      ("train/lost_batches", "batches lost to a dead trainer"),
+                      ("audit/run", "audits run"), ("audit/failed", "audits failed"),
+                      ("audit/quarantined", "environments quarantined"),
+                      ("audit/dropped_samples", "samples dropped (quarantine)")):  # fmt: skip
         if key in r:
             t.add_row(name, fmt(r[key]))
+    for reason in sorted(st.keys("audit/quarantined/")):  # per reason (loop/audits.py)
+        t.add_row(text(f"  quarantined: {reason}"), fmt(r[f"audit/quarantined/{reason}"]))
 
     def dot(ok: Any) -> Text:
         return Text("● up", style="green") if ok else Text("✗ DOWN", style="bold red")

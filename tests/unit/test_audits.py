@@ -275,3 +275,29 @@ def test_quarantined_design_scores_the_invalid_reward_while_its_window_is_open()
     audits.auditor(rt).quarantined["bad"] = "garbage_won"
     _, after, _, _ = score_designs(rt, window())
     assert after[0] == 0.0 and after[1] == before[1]
+
+
+def test_dashboard_and_report_show_audits_per_reason(tmp_path):
+    from rich.console import Console
+
+    from spade_async.report.data import Run, audit_outcomes
+    from spade_async.telemetry import panels
+    from spade_async.telemetry.dashboard import _State
+
+    rec = {"step": 3, "audit/run": 9, "audit/run/solution": 5, "audit/run/garbage": 4,
+           "audit/failed": 2, "audit/failed/garbage_won": 1, "audit/failed/audit_fault": 1,
+           "audit/quarantined": 2, "audit/quarantined/garbage_won": 1,
+           "audit/quarantined/audit_fault": 1, "audit/dropped_samples": 6}  # fmt: skip
+    out = audit_outcomes(Run(root=tmp_path, steps=[rec]))
+    assert out == {"run: solution": 5, "run: garbage": 4, "failed: audit_fault": 1,
+                   "failed: garbage_won": 1, "quarantined: audit_fault": 1,
+                   "quarantined: garbage_won": 1, "samples dropped": 6}  # fmt: skip
+    assert audit_outcomes(Run(root=tmp_path, steps=[{"step": 1}])) == {}
+    st = _State()
+    st.update(rec)
+    console = Console(width=120, record=True)
+    console.print(panels.health(st))
+    shown = console.export_text()
+    for line in ("audits run", "audits failed", "environments quarantined",
+                 "quarantined: garbage_won", "quarantined: audit_fault"):  # fmt: skip
+        assert line in shown, shown
