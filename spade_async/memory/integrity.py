@@ -12,11 +12,12 @@ raise ``lmdb.CorruptedError``; one garbled record raises a decode error. So:
   signal, an LMDB error or a bad record is its answer; the command never crashes.
 - ``open_checked``: both, then the store: every command that reads a run's memory opens
   it here and turns damage into one line (``DamagedMemory``, exit 2) naming the fix.
-- ``scan`` and ``repair`` (``spade memory verify RUN --repair``): every record still in the
-  file is found by reading the pages directly (leaf nodes and overflow pages, no mmap, no
-  B-tree walk, so a cut or a garbled branch hides nothing that was written before it); the
-  newest readable version of each id is written to a fresh store that replaces the damaged
-  one, which is kept beside it.
+- ``repair.scan`` and ``repair.repair`` (``spade memory verify RUN --repair``): every
+  record still in the file is found by reading real pages directly (``memory.pages``: the
+  B-tree from each meta page, then a sweep of the pages no walk reached, never inside a
+  stored value); the newest complete write of each id goes to a fresh store built with the
+  run's ``[memory]`` settings and swapped in by ``memory.swap`` (one atomic step, or a
+  journal the next open finishes); the damaged store is kept beside it.
 """
 
 from __future__ import annotations
@@ -185,9 +186,11 @@ def describe(found: dict) -> str | None:
 
 def open_checked(path: str | Path, config=None, *, readonly: bool = True):
     """The store at ``path`` once ``problem`` finds nothing; ``DamagedMemory`` otherwise."""
+    from spade_async.memory import swap
     from spade_async.memory.store import MemoryStore
 
     path = Path(path)
+    swap.finish(path)  # a repair a kill interrupted: completed first
     if (path / "data.mdb").is_file():
         why = problem(path)
         if why is not None:

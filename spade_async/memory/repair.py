@@ -1,29 +1,34 @@
 """``spade memory verify RUN [--repair]``: report on ``memory.lmdb``; copy what is readable.
 
 ``scan`` finds every environment record still in ``data.mdb`` by reading its pages with
-plain file I/O (no mmap, so a truncated file cannot SIGBUS, and no B-tree walk, so a cut
-or garbled branch page hides nothing written before it): each leaf node whose value
-decodes as an ``EnvRecord`` keyed by its own id, and each overflow page run (a large
-record) whose bytes decode as one. LMDB copies pages on write, so older versions of a
-record may also be found: the newest (``updated_at``) wins. A record that fails
-``records.record_problem`` (tampered id, unstorable skill) is not copied.
+plain file I/O (no mmap, so a truncated file cannot SIGBUS): the ``records`` B-tree walked
+from each valid meta page, then a sweep of every real page no walk reached, for what a
+cut or garbled branch hides (``memory.pages``: only pages whose structure holds are read,
+and never the inside of a stored value, so a value holding a page image forges nothing).
+LMDB copies pages on write, so older versions of a record may be found too. Which copy
+is kept (``newest``): the one the newest meta page's tree reaches (the last committed
+write) always; otherwise the latest ``updated_at`` (a value that is not finite never
+wins), then the most progress (every update adds to a counter: plays, regret and reward
+updates, replays, exact repeats, near copies, hints, a quarantine), then the bytes (a fixed order, never
+"first found"). A record that fails ``records.record_problem`` (tampered id, unstorable
+skill) is not copied.
 
-``repair`` writes the records to a fresh store (indexes and MinHash signatures rebuilt,
-records byte-for-byte as found), moves the damaged store aside
-(``memory.lmdb.damaged-<time>``) and puts the fresh one in its place.
+``repair`` reads the run's ``[memory]`` settings from ``RUN/config.toml`` (MinHash
+``num_perm``, bands, class bounds), writes the records to a fresh store (indexes and
+signatures rebuilt, records byte-for-byte as found) and swaps it in with one atomic step
+(``memory.swap``); the damaged store is kept beside it (``memory.lmdb.damaged-<time>``).
 """
 
 from __future__ import annotations
 
-import shutil
-import struct
-import time
+import math
 from pathlib import Path
 
+from spade_async.errors import ConfigError
 from spade_async.memory import integrity as I  # noqa: N812
+from spade_async.memory import swap
+from spade_async.memory.pages import Pages
 from spade_async.memory.records import EnvRecord, decode, record_problem
-
-_U16, _U64 = struct.Struct("<H"), struct.Struct("<Q")
 
 
 def msgpack_size(buf: bytes, pos: int = 0) -> int:
@@ -74,52 +79,68 @@ def _record(raw: bytes, key: bytes | None = None) -> EnvRecord | None:
     return rec
 
 
-def _leaf(data: bytes, off: int, psize: int) -> list[EnvRecord]:
-    lower, upper = _U16.unpack_from(data, off + 12)[0], _U16.unpack_from(data, off + 14)[0]
-    if not I.PAGEHDR <= lower <= upper <= psize:
-        return []
-    out = []
-    for i in range((lower - I.PAGEHDR) // 2):
-        ptr = _U16.unpack_from(data, off + I.PAGEHDR + 2 * i)[0]
-        node = off + ptr
-        if ptr < lower or node + 8 > len(data):
-            continue
-        lo, hi, flags, ksize = struct.unpack_from("<HHHH", data, node)
-        size, key = lo | hi << 16, data[node + 8 : node + 8 + ksize]
-        if flags == I.F_BIGDATA and node + 16 + ksize <= len(data):
-            page = _U64.unpack_from(data, node + 8 + ksize)[0]
-            raw = data[page * psize + I.PAGEHDR : page * psize + I.PAGEHDR + size]
-        elif flags == 0:
-            raw = data[node + 8 + ksize : node + 8 + ksize + size]
-        else:
-            continue  # a sub-database or duplicate set: an index, rebuilt on repair
-        if len(raw) == size and (rec := _record(raw, key)) is not None:
-            out.append(rec)
-    return out
+def progress(rec: EnvRecord) -> int:
+    """A count every update of a record raises (stats are sums, hints only grow)."""
+    s, quarantined = rec.stats, bool(getattr(rec, "quarantine", ""))  # set once, kept
+    return (s.plays_hint + s.plays_nohint + s.regret_updates + s.designer_reward_updates
+            + s.times_replayed + rec.exact_repeats + rec.near_copies + len(rec.hints)
+            + quarantined)  # fmt: skip
+
+
+def rank(rec: EnvRecord, raw: bytes, live: bool) -> tuple:
+    """The order copies of one record are kept by (highest wins; see the docstring)."""
+    t = rec.updated_at if math.isfinite(rec.updated_at) else -math.inf
+    return (live, t, progress(rec), raw)
+
+
+def scan_image(data: bytes) -> tuple[dict[str, EnvRecord], Pages]:
+    """id -> the kept copy of every record in the ``data.mdb`` image ``data``; the reader
+    (its ``work`` counts the bytes examined)."""
+    pages = Pages(data)
+    best: dict[str, tuple[tuple, EnvRecord]] = {}
+
+    def offer(rec: EnvRecord | None, raw: bytes, live: bool) -> None:
+        if rec is None:
+            return
+        r = rank(rec, raw, live)
+        if rec.id not in best or r > best[rec.id][0]:
+            best[rec.id] = (r, rec)
+
+    for i, meta in enumerate(pages.metas):
+        for key, raw in pages.tree(meta):
+            offer(_record(raw, key), raw, i == 0)
+    for key, raw in pages.sweep():
+        if key is None:  # a whole overflow run: the value is the msgpack object it starts with
+            try:
+                raw = raw[: msgpack_size(raw)]
+            except ValueError:
+                continue
+        offer(_record(raw, key), raw, False)
+    return {k: v[1] for k, v in best.items()}, pages
 
 
 def scan(path: str | Path) -> dict[str, EnvRecord]:
-    """id -> the newest readable version of every record found in ``path/data.mdb``."""
-    data = (Path(path) / "data.mdb").read_bytes()
-    psize = I.page_size(data[:256])
-    found: dict[str, EnvRecord] = {}
-    for off in range(2 * psize, len(data) - I.PAGEHDR, psize):
-        flags = _U16.unpack_from(data, off + 10)[0]
-        recs: list[EnvRecord] = []
-        if flags & I.P_LEAF and not flags & (I.P_LEAF2 | I.P_SUBP | I.P_BRANCH | I.P_OVERFLOW):
-            recs = _leaf(data, off, psize)
-        elif flags & I.P_OVERFLOW and not flags & (I.P_LEAF | I.P_BRANCH):
-            try:
-                size = msgpack_size(data, off + I.PAGEHDR)
-            except ValueError:
-                continue
-            rec = _record(data[off + I.PAGEHDR : off + I.PAGEHDR + size])
-            recs = [rec] if rec is not None else []
-        for rec in recs:
-            old = found.get(rec.id)
-            if old is None or rec.updated_at > old.updated_at:
-                found[rec.id] = rec
-    return found
+    """id -> the kept version of every record found in ``path/data.mdb``."""
+    return scan_image((Path(path) / "data.mdb").read_bytes())[0]
+
+
+def run_memory_config(path: Path):
+    """The ``[memory]`` settings of the run that holds ``path`` (``RUN/config.toml``);
+    the defaults when the run has no config.toml."""
+    from spade_async.config import convert, known_only, read_toml
+    from spade_async.memory.store import MemoryConfig
+
+    cfg = path.parent / "config.toml"
+    if not cfg.is_file():
+        return MemoryConfig()
+    table = read_toml(cfg).get("memory", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{cfg}: [memory] is not a table; fix it before repairing")
+    try:
+        return convert(MemoryConfig, known_only(MemoryConfig, table)[0])
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg}: [memory] {exc}; fix the value before repairing "
+                          "(the repaired store's indexes follow it)") from None  # fmt: skip
 
 
 def write_store(records: list[EnvRecord], dest: Path, config=None) -> None:
@@ -170,20 +191,20 @@ def verify(path: str | Path) -> dict:
 
 def repair(path: str | Path, config=None) -> tuple[int, Path]:
     """Copy every readable record to a fresh store in ``path``'s place; (records, where
-    the damaged store was moved)."""
+    the damaged store was moved). ``config``: the run's ``[memory]`` settings when None."""
     path = Path(path)
+    config = config if config is not None else run_memory_config(path)
+    swap.finish(path)
     records = sorted(scan(path).values(), key=lambda r: r.id)
-    fresh = path.with_name(path.name + ".repairing")
-    shutil.rmtree(fresh, ignore_errors=True)
-    write_store(records, fresh, config)
-    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 0
-    kept = path.with_name(f"{path.name}.damaged-{stamp}")
-    while kept.exists():  # repaired twice in one second
-        n += 1
-        kept = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
-    path.rename(kept)
-    fresh.rename(path)
+    try:
+        kept = swap.install(path, lambda fresh: write_store(records, fresh, config))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot repair '{path}': {exc.strerror or exc} ({exc.filename}); the store is "
+            "unchanged or its repair is finished by the next command that opens it"
+        ) from None
     return len(records), kept
 
 
-__all__ = ["msgpack_size", "repair", "scan", "verify", "write_store"]
+__all__ = ["msgpack_size", "progress", "rank", "repair", "run_memory_config", "scan",
+           "scan_image", "verify", "write_store"]  # fmt: skip

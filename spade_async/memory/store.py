@@ -69,6 +69,9 @@ class MemoryStore:
         self.path = Path(path)
         self.config = config or MemoryConfig()
         self.readonly = readonly
+        from spade_async.memory import swap
+
+        swap.finish(self.path)  # a repair a kill interrupted: completed before any read
         self.cache: dict[str, object] = {}  # readers' caches, each checked against last_txnid
         if not readonly:  # fail fast (a reader never bands: it skips datasketch's import)
             dedup.band_ranges(self.config.near_dup_threshold, self.config.num_perm)
