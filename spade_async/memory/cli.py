@@ -251,8 +251,10 @@ def _import(args) -> None:
 def _verify(args) -> int:
     from spade_async.memory import integrity
     from spade_async.memory.repair import repair, verify
+    from spade_async.memory.swap import finish
 
     path = args.run / "memory.lmdb"
+    finish(path)  # a repair a kill interrupted: completed before the check
     if not (path / "data.mdb").is_file():
         raise ConfigError(f"no environment memory at '{path}'; pass a run directory that has one")
     report = verify(path)
