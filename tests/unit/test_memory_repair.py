@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from spade_async.memory import ops, records, repair
-from spade_async.memory.pages import Pages
+from spade_async.memory.pages import PAGEHDR, Pages
 from spade_async.memory.records import EnvRecord, Origin, encode, make_record
 from spade_async.memory.store import MemoryConfig, MemoryStore
 
@@ -242,11 +242,16 @@ def test_crafted_values_keep_plain_verify_linear(tmp_path, monkeypatch):
         store.put(rec(code(1)))
     size = 256 * PSIZE  # any run: read as pages, every node slices and decodes it
     body = _crafted_pages(2, size, 256)
-    crafted = make_record(b"# x\n" + body, origin=Origin(kind="import"), valid=True, skill="x",
-                          stage="ok")  # fmt: skip
+
+    def crafted(pad: int) -> EnvRecord:
+        return make_record(b"X = 1\n#" + b" " * pad + b"\n" + body, origin=Origin(kind="import"),
+                           valid=True, skill="x", stage="ok")  # fmt: skip
+
+    at = PAGEHDR + encode(crafted(0)).index(body)  # the pages on page boundaries of the file
     with MemoryStore(path) as store:
-        store.put(crafted)
+        store.put(crafted(-at % PSIZE))
     data = (path / "data.mdb").read_bytes()
+    assert data.count(body[:PSIZE]) and data.index(body[:PSIZE]) % PSIZE == 0
     counter = _Counting(records._decoder, budget=3 * len(data))
     monkeypatch.setattr(records, "_decoder", counter)
     report = repair.verify(path)
