@@ -45,12 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--status", choices=["valid", "invalid", "duplicate", "quarantined"])
     s.add_argument(
         "--format",
-        choices=["files", "gymnasium", "jsonl"],
+        choices=["files", "gymnasium", "jsonl", "verifiers", "openenv"],
         default="files",
         help="files: <id>.py + manifest.jsonl; gymnasium: an installable package registering "
-        "each valid environment (gymnasium.make('spade/<Name>-v0')); jsonl: one line each",
+        "each valid environment (gymnasium.make('spade/<Name>-v0')); jsonl: one line each; "
+        "verifiers: a package verifiers.load_environment loads; openenv: an OpenEnv server + "
+        "client (docs/interop.md)",
     )
-    s.add_argument("--name", help="gymnasium: the package's import name")
+    s.add_argument("--name", help="gymnasium/verifiers/openenv: the package's import name")
     s = cmd("import", "validate files in the sandbox and store them (a fixed pool enters here)")
     s.add_argument(
         "src", type=Path,
@@ -167,10 +169,16 @@ def _export(store: MemoryStore, args) -> None:
         from spade_async.memory import package
 
         records = list(store.records(status=args.status or "valid"))
-        if args.format == "gymnasium":
+        if args.format in ("gymnasium", "verifiers", "openenv"):
             if args.status not in (None, "valid"):
-                raise ConfigError("--format gymnasium exports valid environments only")
-            out = package.export_gymnasium(records, dest, run_dir=args.run, name=args.name)
+                raise ConfigError(f"--format {args.format} exports valid environments only")
+            if args.format == "gymnasium":
+                export = package.export_gymnasium
+            elif args.format == "verifiers":  # docs/interop.md
+                from spade_async.memory.export_verifiers import export_verifiers as export
+            else:
+                from spade_async.memory.export_openenv import export_openenv as export
+            out = export(records, dest, run_dir=args.run, name=args.name)
             what = f"package {out['package']} ({out['environments']} environments) in {dest}"
         else:
             out = package.export_jsonl(records, dest, run_dir=args.run)
