@@ -175,3 +175,37 @@ def test_remove_never_follows(tmp_path):
     assert not os.path.lexists(link) and (target / "f").read_text() == "x"
     swap.remove(tmp_path / "absent")
     shutil.rmtree(target)
+
+
+CHILD = r"""
+import sys, time
+from spade_async.memory import swap
+from spade_async.memory.repair import repair
+swap.step = lambda name: time.sleep(0.05)  # room for the kill to land between the steps
+print("ready", flush=True)
+repair(sys.argv[1])
+print("done", flush=True)
+"""
+
+
+def test_kill_9_anywhere_in_a_real_repair(damaged):
+    """A child repairing is killed with SIGKILL at delays spread over its repair; each
+    time the next open reads every record, and a second repair finishes clean."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, live, _ = damaged
+    for delay in (0.0, 0.08, 0.2, 0.35):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        with open_checked(path, readonly=False) as store:
+            assert {r.id: r for r in store.records()} == live, delay
+        repair.repair(path)
+        assert _stored(path) == live and _leftovers(path) == []
