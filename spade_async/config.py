@@ -89,10 +89,16 @@ def known_only(cls: type, data: dict, path: str = "") -> tuple[dict, list[str]]:
 
 
 def convert(cls: type, data: dict) -> Any:
-    """Validate ``data`` against ``cls``; unknown keys and wrong types become ConfigError."""
+    """Validate ``data`` against ``cls``; unknown keys, wrong types and values out of their
+    range (``config_bounds``: one table, NaN and infinity refused) become ConfigError."""
+    from spade_async.config_bounds import check as check_ranges
+
     _check_keys(cls, data, "")
+    check_ranges(data)  # as written (a struct's own __post_init__ would speak first)
     try:
-        return msgspec.convert(data, cls, strict=True)  # "3" is no int: every command refuses it
+        obj = msgspec.convert(data, cls, strict=True)  # "3" is no int: every command refuses it
+        check_ranges(obj)
+        return obj
     except msgspec.ValidationError as exc:
         msg = str(exc)
         where = msg.rsplit(" - at `$.", 1)

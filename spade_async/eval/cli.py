@@ -86,9 +86,12 @@ def main(argv: list[str]) -> int:
         raise UsageError("--suites is empty: name at least one suite, e.g. --suites aime25")
     for name in names:
         make_suite(name)
-    for flag in ("n", "limit", "max_tokens"):
-        if getattr(args, flag) < 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0")
+    from spade_async.config_bounds import check_flag  # the recipe's ranges, the same line
+
+    for flag, key in (("n", "eval.n"), ("limit", "eval.limit"), ("max_tokens", "eval.max_tokens"),
+                      ("concurrency", "eval.concurrency"), ("engine_threads", "engine.threads"),
+                      ("base_url", "engine.external")):  # fmt: skip
+        check_flag(f"--{flag.replace('_', '-')}", key, getattr(args, flag))
     out = Path(args.out) if args.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--steps",
         type=int,
-        default=0,
-        help="simulated steps per run (default: two regeneration windows + 1)",
+        default=None,
+        help="simulated steps per run, 1..1000 (default: six regeneration windows + 1)",
     )
     ap.add_argument("--staleness", default="0,1,2,3", help="max_staleness values (async)")
     ap.add_argument("--splits", default="2+6,4+4,6+2,colocated", help="placements to try")
@@ -39,6 +39,7 @@ def main(argv: list[str]) -> int:
             "spade plan needs --throughput (GPU memory: spade train RECIPE --dry-run --gpu NAME)"
         )
     from spade_async import recipe
+    from spade_async.sim import cost_checks
     from spade_async.sim.costs import gpu_costs
     from spade_async.sim.throughput import (
         SPLITS,
@@ -48,20 +49,15 @@ def main(argv: list[str]) -> int:
         sweep,
     )  # fmt: skip
 
-    try:
-        stale = [int(s) for s in args.staleness.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--staleness {args.staleness!r}: comma-separated integers") from None
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    bad = [s for s in splits if s not in SPLITS]
-    if bad:
-        raise ConfigError(f"--splits {bad[0]!r}: one of {', '.join(SPLITS)}")
+    steps = cost_checks.steps(args.steps)  # each flag in its range, or one line (exit 2)
+    stale = cost_checks.stalenesses(args.staleness)
+    splits = cost_checks.splits(args.splits, SPLITS)
     cfg = recipe.load(args.recipe, args.extra)
     # refuse a GPU or model the cost model lacks before minutes of simulation
     gpu_costs(cfg.model, args.gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=args.costs)
     print(f"simulating {args.recipe} on 8 x {args.gpu} (the loop in virtual time) ...",
           file=sys.stderr)  # fmt: skip
-    rows = sweep(args.recipe, args.gpu, steps=args.steps, stalenesses=stale, splits=splits,
+    rows = sweep(args.recipe, args.gpu, steps=steps, stalenesses=stale, splits=splits,
                  extra=args.extra, costs_file=args.costs,
                  progress=lambda r: print(".", end="", file=sys.stderr, flush=True))  # fmt: skip
     print(file=sys.stderr)

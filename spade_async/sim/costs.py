@@ -13,7 +13,6 @@ parameters to supply: the simulator never guesses.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -112,10 +111,9 @@ def load_costs(path: str | Path | None) -> tuple[dict, dict]:
     """GPU and model tables: the built-ins, plus a cost file's ``[gpu.X]``/``[model.X]``."""
     gpus, models = {k: dict(v) for k, v in GPUS.items()}, {k: dict(v) for k, v in MODELS.items()}
     if path:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"--costs {path}: {e}") from None
+        from spade_async.sim.cost_checks import read_costs
+
+        raw = read_costs(path)  # every value in its range, or one line (cost_checks.py)
         for k, v in raw.get("gpu", {}).items():
             gpus[k.lower()] = {**gpus.get(k.lower(), {}), **v, "source": f"{path}"}
         for k, v in raw.get("model", {}).items():

@@ -71,7 +71,8 @@ def test_cpu_engines_with_gpus_and_sglang_without():
 
 def test_trainer_gpu_list_and_ranks_checked():
     assert "distinct GPU ids" in _error("placement.trainer_gpus=[4, 4]")
-    assert "distinct GPU ids" in _error("placement.trainer_gpus=[-1]")
+    bad = _error("placement.trainer_gpus=[-1]")
+    assert "placement.trainer_gpus[0] = -1 is out of range" in bad
     assert "cpu_ranks" in _error("placement.cpu_ranks=0")
 
 
