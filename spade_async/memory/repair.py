@@ -6,11 +6,12 @@ from each valid meta page, then a sweep of every real page no walk reached, for 
 cut or garbled branch hides (``memory.pages``: only pages whose structure holds are read,
 and never the inside of a stored value, so a value holding a page image forges nothing).
 LMDB copies pages on write, so older versions of a record may be found too. Which copy
-is kept (``newest``): the one the newest meta page's tree reaches (the last committed
-write) always; otherwise the latest ``updated_at`` (a value that is not finite never
-wins), then the most progress (every update adds to a counter: plays, regret and reward
-updates, replays, exact repeats, near copies, hints, a quarantine), then the bytes (a fixed order, never
-"first found"). A record that fails ``records.record_problem`` (tampered id, unstorable
+is kept (``rank``): the one the newest meta page's tree reaches (the last committed
+write), when the two meta pages agree (consecutive transaction ids); otherwise the
+latest ``updated_at`` (a value that is not finite never wins), then the most progress
+(every update adds to a counter: plays, regret and reward updates, replays, exact
+repeats, near copies, hints, a quarantine), then the bytes (a fixed order, never "first
+found"). A record that fails ``records.record_problem`` (tampered id, unstorable
 skill) is not copied.
 
 ``repair`` reads the run's ``[memory]`` settings from ``RUN/config.toml`` (MinHash
@@ -106,9 +107,11 @@ def scan_image(data: bytes) -> tuple[dict[str, EnvRecord], Pages]:
         if rec.id not in best or r > best[rec.id][0]:
             best[rec.id] = (r, rec)
 
-    for i, meta in enumerate(pages.metas):
+    ms = pages.metas  # the newest tree is the last commit only when the metas agree
+    agree = len(ms) == 2 and ms[0].txnid == ms[1].txnid + 1
+    for i, meta in enumerate(ms):
         for key, raw in pages.tree(meta):
-            offer(_record(raw, key), raw, i == 0)
+            offer(_record(raw, key), raw, agree and i == 0)
     for key, raw in pages.sweep():
         if key is None:  # a whole overflow run: the value is the msgpack object it starts with
             try:

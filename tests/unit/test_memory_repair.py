@@ -273,3 +273,20 @@ def test_the_sweep_reads_each_run_once_however_many_nodes_name_it():
     list(pages.sweep())
     assert pages.rejected == 0  # the crafted pages are real by every structural check
     assert pages.work <= 2 * len(image), (pages.work, len(image))
+
+
+def test_a_meta_page_that_disagrees_gives_its_tree_no_precedence(tmp_path):
+    """A bit flip makes the older meta page look newest: its tree (the previous commit)
+    must not override the last commit's copy found elsewhere."""
+    path = tmp_path / "run" / "memory.lmdb"
+    with MemoryStore(path) as store:
+        rid = store.put(rec(code(1, lines=60))).id
+        store.update_stats(rid, plays_nohint=1, wins_nohint=1)
+    before = _stored(path)
+    f = path / "data.mdb"
+    data = bytearray(f.read_bytes())
+    older = min((0, PSIZE), key=lambda off: struct.unpack_from("<Q", data, off + 144)[0])
+    newest = struct.unpack_from("<Q", data, PSIZE - older + 144)[0]
+    struct.pack_into("<Q", data, older + 144, newest + 5)
+    f.write_bytes(bytes(data))
+    assert repair.scan(path) == before
