@@ -71,7 +71,7 @@ def _fsync_dir(d: Path) -> None:
 def _lstat(p: Path) -> os.stat_result | None:
     try:
         return os.lstat(p)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
@@ -202,7 +202,10 @@ def finish(path: str | Path) -> bool:
     """Complete a repair a kill interrupted (True when there was one). Cheap: one lstat
     when there is no journal."""
     path = Path(path)
-    if _lstat(names(path)[1]) is None:
+    try:
+        if _lstat(names(path)[1]) is None:
+            return False
+    except OSError:  # a directory this user cannot search: the open says so in its words
         return False
     try:
         with _locked(path):

@@ -209,3 +209,13 @@ def test_kill_9_anywhere_in_a_real_repair(damaged):
             assert {r.id: r for r in store.records()} == live, delay
         repair.repair(path)
         assert _stored(path) == live and _leftovers(path) == []
+
+
+def test_a_run_path_that_is_a_file_is_still_one_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert swap.finish(tmp_path / "afile" / "memory.lmdb") is False
+    for argv in (["memory", "ls", "--run", str(tmp_path / "afile")],
+                 ["memory", "verify", str(tmp_path / "afile")]):  # fmt: skip
+        assert spade(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
