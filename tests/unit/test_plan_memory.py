@@ -205,7 +205,7 @@ def test_unknown_gpu_and_bad_knobs_are_one_line_errors(capsys):
         (r30, "trainer.lora={rank=8,target_modules=['q_proj','gate_proj']}", "gate_proj"),
         (r8, "trainer.sequence_parallel=3", "sequence_parallel = 3"),
         ("configs/cpu-demo.toml", "trainer.offload=optimizer", "trainer.offload"),
-        (r8, "trainer.lora={rank=0}", "rank >= 1"),
+        (r8, "trainer.lora={rank=0}", "trainer.lora.rank = 0 is out of range: must be in [1, "),
     ]
     for path, override, words in cases:
         code = cli.main(
