@@ -129,6 +129,7 @@ class EnvPool:
         self._by_env: dict[str, list[WorkerProcess]] = {}
         self._classes: dict[str, str] = {}  # env_id -> static class name (the Open message)
         self._step_ms: dict[str, float] = {}  # env_id -> mean step time (EMA), ms
+        self._pinned: set[str] = set()  # env_ids whose idle workers are never evicted
         self._starting = 0
         self._env_locks: dict[str, anyio.Lock] = {}
         self._reserve_lock = anyio.Lock()
@@ -234,6 +235,7 @@ class EnvPool:
         spare = [
             w for w in self._env_workers()
             if not w.instances and not w.opening and not w.lock.locked()
+            and w.env_id not in self._pinned
         ]  # fmt: skip
         return min(spare, key=lambda w: w.last_used) if spare else None
 
@@ -363,6 +365,15 @@ class EnvPool:
         lock = self._env_locks.get(env_id)
         if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
             del self._env_locks[env_id]
+
+    def pin(self, env_id: str) -> None:
+        """Keep ``env_id``'s workers loaded between its instances (the validator's A and B:
+        "the worker where solution() ran" must stay one process) until ``unpin``."""
+        self._pinned.add(env_id)
+
+    def unpin(self, env_id: str) -> None:
+        self._pinned.discard(env_id)
+        self._want_spawn.set()
 
     async def release(self, env_id: str) -> None:
         """Kill the workers of ``env_id`` (its instances become lost)."""

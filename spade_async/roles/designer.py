@@ -337,6 +337,7 @@ async def _check(
     return source, await validate_source(
         source, pool=pool, seeds=cfg.validation_seeds,
         config=ValidateConfig(gates=cfg.gates, probe_seed=_seed(seed, "validate", source)),
+        setting=cfg.setting,  # a games environment is not asked for tools (as in training)
     )  # fmt: skip
 
 

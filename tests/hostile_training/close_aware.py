@@ -1,5 +1,6 @@
-"""Tells training by close(): the validator never closes an instance (it kills its
-workers), training closes every play's instance. Once any instance in this process was
+"""Tells training by close(): the validator used to never close an instance (it killed its
+workers; since issue 40 its plays close, and its gates reject this), training closes every
+play's instance. Once any instance in this process was
 closed, pressing does nothing: unwinnable, its own solution loses. Caught by a solution
 audit (solution_lost) within two groups (the worker stays loaded between them)."""
 

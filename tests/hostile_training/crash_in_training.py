@@ -1,7 +1,7 @@
 """Crashes its worker in training: once any instance in this process was closed (training
-closes every play's instance; the validator never does), step() ends the process. An audit
-that meets it is an environment failure: quarantine (audit_fault), never a controller
-error."""
+closes every play's instance; the validator did not before issue 40), step() ends the
+process. An audit that meets it is an environment failure: quarantine (audit_fault), never
+a controller error."""
 
 import os
 import random

@@ -1,6 +1,7 @@
-"""Tells training by instance counts: validation holds at most two instances in a process
-at once, a training group many (one per concurrent play). With more than two open, any
-reply wins. Caught by a garbage audit (garbage_won): the scripted play is one of the group."""
+"""Tells training by instance counts: validation holds one instance open in a process at a
+time (two before issue 40), a training group several (one per concurrent play in the
+worker). With more than one open, any reply wins. Caught by a garbage audit (garbage_won):
+the scripted play is one of the group, placed as its plays are."""
 
 OPEN = [0]
 
@@ -30,7 +31,7 @@ class HostileEnv:
         return f"Press the button {self.target} times with \\boxed{{press}}.", {}
 
     def step(self, action):
-        self.crowd = self.crowd or OPEN[0] > 2
+        self.crowd = self.crowd or OPEN[0] > 1
         self.turn += 1
         if "\\boxed{press}" in action and not False:
             self.count += 1

@@ -1,5 +1,6 @@
-"""Tells training by its reset count: the validator resets one instance many times (a
-reset per seed, then one per garbage play), training resets each instance once. Reset once,
+"""Tells training by its reset count: the validator used to reset one instance many times (a
+reset per seed, then one per garbage play; since issue 40 one reset per instance, and its
+garbage gate rejects this), training resets each instance once. Reset once,
 any reply wins. Caught by a garbage audit (garbage_won) once replies to other environments
 exist: within two groups."""
 

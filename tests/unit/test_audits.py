@@ -32,6 +32,8 @@ from spade_async.telemetry.metrics import Meters
 
 ROOT = Path(__file__).parents[2]
 HOSTILE = ROOT / "tests" / "hostile"
+TRAINING = ROOT / "tests" / "hostile_training"  # tell training by call pattern
+OLD = ("probe_aware", "garbage_wins_late")  # from the gates' corpus (tests/hostile)
 HONEST = ROOT / "spade_async" / "envs" / "examples" / "mastermind.py"
 
 
@@ -107,8 +109,10 @@ def _train_rounds(tmp_path, tokenizer_path, hostile: Path, rounds: int, max_turn
     bad, good = _record(hostile), _record(HONEST)
 
     async def main():
-        async with EnvPool(PoolConfig(max_workers=6, prewarm=1)) as pool:
-            verdict = await validate_source(hostile.read_text(), pool=pool)
+        # one worker per environment: a group's instances share it, as a fast environment's
+        # do (spread over workers, an instance-count-aware one is unfair only in some)
+        async with EnvPool(PoolConfig(max_workers=6, prewarm=1, workers_per_env=1)) as pool:
+            verdict = await validate_source(hostile.read_text(), pool=pool, setting="games")
             with MemoryStore(tmp_path / "memory.lmdb") as store:
                 writer = MemoryWriter(store)
                 async with anyio.create_task_group() as tg:
@@ -142,14 +146,15 @@ def _train_rounds(tmp_path, tokenizer_path, hostile: Path, rounds: int, max_turn
         ("instance_count_aware", 5, "garbage_won"),
         ("probe_aware", 5, "garbage_won"),
         ("garbage_wins_late", 12, "garbage_won"),
-        ("reset_count_aware", 5, "garbage_won"),  # the gates reject it too (workers diverge)
+        ("reset_count_aware", 5, "garbage_won"),  # the gates reject it too (one reset each)
     ],
 )
 def test_unfair_in_training_is_quarantined_within_two_groups(
     tmp_path, tokenizer_path, name, max_turns, reason
 ):
+    path = (HOSTILE if name in OLD else TRAINING) / f"{name}.py"
     verdict, rt, episodes, kept, caught, bad, good = _train_rounds(
-        tmp_path, tokenizer_path, HOSTILE / f"{name}.py", 2, max_turns
+        tmp_path, tokenizer_path, path, 2, max_turns
     )
     snap = rt.meters.snapshot()
     # caught by the gates, or quarantined by an audit within its first two groups
@@ -240,7 +245,7 @@ def test_crash_under_audit_is_an_environment_failure(tmp_path, tokenizer_path):
     """An environment whose step() kills its worker during a scripted play is quarantined
     (audit_fault), and the call returns normally."""
     verdict, rt, episodes, kept, caught, bad, good = _train_rounds(
-        tmp_path, tokenizer_path, HOSTILE / "crash_in_training.py", 2, 5
+        tmp_path, tokenizer_path, TRAINING / "crash_in_training.py", 2, 5
     )
     assert caught is not None and bad.quarantine.startswith("audit_fault"), bad.quarantine
     assert good.status == "valid"
