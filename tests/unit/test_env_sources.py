@@ -1,0 +1,184 @@
+"""Environment sources by scheme (spade_async.envs.sources): rg:, gym:, gem:, verifiers:.
+
+Without the interop packages (tests/interop/ drives those): reasoning-gym and gymnasium are in
+the main environment, so the rg: source is checked end to end (made, gated in the sandbox,
+stored with its origin), the gym: wrapper is run in-process on a text environment, and every
+bad value is one line, exit 2, memory untouched."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import anyio
+import pytest
+
+from spade_async.envs import sources
+from spade_async.envs.sources import SourceError, answers, hub, literal
+from spade_async.envs.sources import gym as gym_source
+from spade_async.memory.cli import main as memory_main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _module(code: str, name: str) -> types.ModuleType:
+    """Our own generated source, executed in this process (trusted: the importer wrote it)."""
+    mod = types.ModuleType(name)
+    exec(compile(code, name, "exec"), mod.__dict__)
+    return mod
+
+
+def _env_class(mod: types.ModuleType):
+    (cls,) = [v for k, v in vars(mod).items() if isinstance(v, type) and k.endswith("Env")
+              and v.__module__ == mod.__name__]  # fmt: skip
+    return cls
+
+
+def test_scheme_parsing_and_bad_values():
+    assert sources.is_scheme("rg:leg_counting") and not sources.is_scheme("/data/pool")
+    assert not sources.is_scheme("C:\\pool") and not sources.is_scheme("http://x")
+    src = sources.parse("rg:a,b?size=5&seed=3")
+    assert (src.scheme, src.target, src.options) == ("rg", "a,b", {"size": "5", "seed": "3"})
+    assert src.packages == ("reasoning-gym",)
+    with pytest.raises(SourceError, match="unknown environment source scheme 'foo'.*'rg:'"):
+        sources.parse("foo:bar")
+    with pytest.raises(SourceError, match="names nothing after 'gym:'"):
+        sources.parse("gym:")
+    with pytest.raises(SourceError, match="unknown option 'sise'"):
+        sources.load("rg:leg_counting?sise=4")
+    with pytest.raises(SourceError, match=r"size='0' must be an integer in \[1, 100000\]"):
+        sources.load("rg:leg_counting?size=0")
+
+
+def test_literal_admits_plain_data_only():
+    assert eval(literal({"a": (1, 2.5, None), "b": ["x", {3}]})) == {"a": (1, 2.5, None), "b": ["x", {3}]}
+    with pytest.raises(ValueError, match="not plain data"):
+        literal(object())
+    with pytest.raises(ValueError, match="not plain data"):
+        literal([Path("/x")])
+    assert sources.class_name("basic_arithmetic") == "BasicArithmeticEnv"
+    assert sources.class_name("2048") == "E2048Env"
+
+
+def test_boxed_reads_the_last_balanced_box():
+    assert answers.boxed("so \\boxed{1} no, \\boxed{ {a}{b} }") == "{a}{b}"
+    assert answers.boxed("\\boxed{unclosed") is None and answers.boxed("none") is None
+    assert answers.balanced("{x}") and not answers.balanced("}{")
+
+
+def test_rg_source_scores_with_reasoning_gym():
+    src, items, notes = sources.load("rg:leg_counting,basic_arithmetic?size=6&attempts=2")
+    assert [i.skill for i in items] == ["rg-leg_counting", "rg-basic_arithmetic"]
+    assert items[0].origin == "rg:leg_counting?seed=42&size=6&attempts=2#0:6"
+    assert src.packages == ("reasoning-gym",)
+    mod = _module(items[0].code, "rg_env_test")
+    assert len(mod.ENTRIES) + sum(n.startswith("leg_counting[") for n in notes) == 6
+    env = _env_class(mod)()
+    for seed in range(len(mod.ENTRIES)):
+        obs, info = env.reset(seed)
+        assert mod.ENTRIES[seed]["question"] in obs and info["index"] == seed
+        (action,) = env.solution()
+        assert env.step(action)[1:3] == (1.0, True)
+    obs, _ = env.reset(7)  # one task per seed: 7 % n
+    assert env.step("\\boxed{-1}")[1:3] == (0.0, False)  # a second attempt remains
+    obs, reward, term, _, _ = env.step("no box at all")
+    assert (reward, term) == (0.0, True) and "No \\boxed" in obs
+    # the same value makes the same source, byte for byte (fixed hash seed in the child)
+    assert sources.load("rg:leg_counting?size=6&attempts=2")[1][0].code == items[0].code
+
+
+def test_rg_unknown_dataset_names_the_near_ones():
+    with pytest.raises(SourceError, match="no dataset 'leg_countin'.*did you mean leg_counting"):
+        sources.load("rg:leg_countin")
+
+
+def test_gym_wrapper_runs_a_text_env(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES / "textgym_pkg"))
+    code = hub.wrapper(
+        what="Gymnasium", imports="import gymnasium", make=gym_source._MAKE,
+        env_id="spade_textgym:spade/GuessNumber-v0", origin="gym:x", skill="gym-x", max_turns=4,
+    )  # fmt: skip
+    env = _env_class(_module(code, "gym_env_test"))()
+    obs, info = env.reset(seed=5)
+    assert "Guess the number" in obs and info == {}
+    wrong = "\\boxed{0}"
+    assert [env.step(wrong)[3] for _ in range(4)] == [False, False, False, True]  # turn cap
+    env.reset(seed=5)
+    assert env.step(env.solution()[0])[1:3] == (1.0, True)
+    first = env.reset(seed=5)[0], env.solution()
+    assert (env.reset(seed=5)[0], env.solution()) == first
+
+
+def test_gym_refuses_non_text_spaces():
+    with pytest.raises(SourceError, match="'FrozenLake-v1' is not a text environment.*Discrete"):
+        sources.load("gym:FrozenLake-v1")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gem") is not None, reason="gem-llm is installed")
+def test_missing_library_names_what_to_install():
+    with pytest.raises(SourceError, match="needs the Python package 'gem'.*pip install gem-llm"):
+        sources.load("gem:game:GuessTheNumber-v0-easy")
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("zz:top", "unknown environment source scheme 'zz'"),
+        ("rg:no_such_dataset", "reasoning-gym has no dataset 'no_such_dataset'"),
+        ("gym:Taxi-v4", "'Taxi-v4' is not a text environment"),
+    ],
+)
+def test_cli_bad_source_is_one_line_and_memory_unchanged(tmp_path, capsys, value, message):
+    run = tmp_path / "run"
+    from spade_async.cli.dispatch import main
+
+    assert main(["memory", "import", value, "--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not run.exists()
+
+
+def test_import_rg_through_the_gates(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert memory_main(["import", "rg:leg_counting?size=4", "--run", str(run)]) == 0
+    assert "accepted 1, rejected 0" in capsys.readouterr().out
+    from spade_async.memory.store import MemoryStore
+
+    with MemoryStore(run / "memory.lmdb", readonly=True) as store:
+        (rec,) = list(store.records())
+    assert rec.valid and rec.feasibility == "proven" and rec.skill == "rg-leg_counting"
+    assert (rec.origin.kind, rec.origin.source) == ("import", "rg:leg_counting?seed=42&size=4#0:4")
+
+
+def test_a_crashing_hub_env_is_rejected_not_raised(tmp_path):
+    """A source whose code fails inside the sandbox is a rejected record, never an error."""
+    from spade_async.envs.sources import Item
+    from spade_async.memory.importer import Loaded, import_files
+    from spade_async.memory.store import MemoryStore
+
+    code = hub.wrapper(
+        what="Gymnasium", imports="import gymnasium", make="def _make():\n    import os\n    os._exit(3)\n",
+        env_id="Crash-v0", origin="gym:Crash-v0", skill="gym-crash", max_turns=3,
+    )  # fmt: skip
+    loaded = Loaded(value="gym:Crash-v0", items=[Item(code=code, origin="gym:Crash-v0",
+                    skill="gym-crash")], notes=[], packages=("gymnasium",))  # fmt: skip
+    with MemoryStore(tmp_path / "memory.lmdb") as store:
+        (out,) = anyio.run(lambda: import_files(store, loaded))
+        assert out.outcome == "rejected" and out.stage in ("crash", "load")
+        (rec,) = list(store.records())
+        assert not rec.valid and rec.origin.source == "gym:Crash-v0"
+
+
+def test_recipe_checks_the_pool_binds_the_source(tmp_path):
+    from spade_async import recipe
+    from spade_async.errors import ConfigError
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "qwen3-8b-rg-fixed-pool.toml"
+    cfg = recipe.load(root)
+    assert cfg.fixed_pool.startswith("rg:") and cfg.envs.packages == ("reasoning-gym",)
+    assert len(sources.parse(cfg.fixed_pool).target.split(",")) == 24
+    with pytest.raises(ConfigError, match="imports 'reasoning-gym' in the sandbox"):
+        recipe.load(root, ["envs.packages=[]"])
+    with pytest.raises(SourceError, match="unknown environment source scheme 'zz'"):
+        recipe.load(root, ["fixed_pool='zz:q'"])
