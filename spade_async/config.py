@@ -88,16 +88,18 @@ def known_only(cls: type, data: dict, path: str = "") -> tuple[dict, list[str]]:
     return kept, unknown
 
 
-def convert(cls: type, data: dict) -> Any:
+def convert(cls: type, data: dict, at: str = "") -> Any:
     """Validate ``data`` against ``cls``; unknown keys, wrong types and values out of their
-    range (``config_bounds``: one table, NaN and infinity refused) become ConfigError."""
+    range (``config_bounds``: one table, NaN and infinity refused) become ConfigError.
+    ``at``: where ``cls`` sits in the run's config (``"memory"`` for a ``MemoryConfig``
+    read alone), so a section is range-checked as it is in the whole config."""
     from spade_async.config_bounds import check as check_ranges
 
     _check_keys(cls, data, "")
-    check_ranges(data)  # as written (a struct's own __post_init__ would speak first)
+    check_ranges(data, at)  # as written (a struct's own __post_init__ would speak first)
     try:
         obj = msgspec.convert(data, cls, strict=True)  # "3" is no int: every command refuses it
-        check_ranges(obj)
+        check_ranges(obj, at)
         return obj
     except msgspec.ValidationError as exc:
         msg = str(exc)

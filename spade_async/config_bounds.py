@@ -316,11 +316,11 @@ def _walk(value: Any, path: str, key: str):
         yield from _walk(v, f"{path}.{name}" if path else str(name), literal)
 
 
-def check(cfg: Any) -> None:
+def check(cfg: Any, at: str = "") -> None:
     """ConfigError (one line) for the first value of ``cfg`` outside its range: a converted
     struct (defaults included), or the raw TOML tables before conversion (``config.convert``
     checks those first, so a struct's own ``__post_init__`` check never speaks first)."""
-    for path, key, value in _walk(cfg, "", ""):
+    for path, key, value in _walk(cfg, at, at):  # ``at``: a section checked alone
         if key in URLS and (why := url_problem(value)) is not None:
             raise ConfigError(_line(path, value, why))
         if (why := problem(path, key, value)) is not None:

@@ -140,7 +140,7 @@ def run_memory_config(path: Path):
     if not isinstance(table, dict):
         raise ConfigError(f"{cfg}: [memory] is not a table; fix it before repairing")
     try:
-        return convert(MemoryConfig, known_only(MemoryConfig, table)[0])
+        return convert(MemoryConfig, known_only(MemoryConfig, table)[0], at="memory")
     except ConfigError as exc:
         raise ConfigError(f"{cfg}: [memory] {exc}; fix the value before repairing "
                           "(the repaired store's indexes follow it)") from None  # fmt: skip

@@ -159,3 +159,19 @@ def test_every_shipped_recipe_is_in_range():
     assert configs
     for path in configs:
         recipe.load(path)  # raises ConfigError naming the value if a recipe were out of range
+
+
+def test_a_section_read_alone_is_checked_as_in_the_whole_config(tmp_path):
+    """``spade memory verify --repair`` reads only the run's [memory]: the same ranges."""
+    from spade_async.memory.repair import run_memory_config
+    from spade_async.memory.store import MemoryConfig
+
+    with pytest.raises(ConfigError, match=re.escape("config: memory.num_perm = 0 is out of")):
+        convert(MemoryConfig, {"num_perm": 0}, at="memory")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[memory]\nqueue_size = -1\n")
+    with pytest.raises(ConfigError) as err:
+        run_memory_config(run / "memory.lmdb")
+    assert "config: memory.queue_size = -1 is out of range: must be in [1, " in str(err.value)
+    assert "\n" not in str(err.value)
