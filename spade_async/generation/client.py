@@ -147,6 +147,9 @@ class GenerationClient(WeightRoutes):
         self._adapter_inflight: dict[str | None, int] = {}
         self.route_shape = None  # routing replay (enable_routes): a RouteShape
         self._route_warned: set[str] = set()  # engines already warned about bad routes
+        # the newest weight version each engine reported (replies, model_info): an episode's
+        # next turn asks for its routes from 0 when its engine's weights moved (engine_version)
+        self.seen_versions: dict[str, str] = {}
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 self.config.request_timeout_s, connect=self.config.connect_timeout_s
@@ -200,6 +203,19 @@ class GenerationClient(WeightRoutes):
 
     def end_session(self, session_key: str) -> None:
         self._sessions.pop(session_key, None)
+
+    def saw_version(self, url: str, version: str) -> None:
+        """Record ``url``'s weight version; a late reply of older weights does not go back."""
+        old = self.seen_versions.get(url)
+        if old is not None and old.isdigit() and version.isdigit() and int(version) < int(old):
+            return
+        self.seen_versions[url] = version
+
+    def engine_version(self, session_key: str | None) -> str | None:
+        """The last weight version seen from the engine a session is pinned to (None: no
+        session yet, or nothing seen; routing replay's ``roles/episode_routes.py``)."""
+        url = self._sessions.get(session_key) if session_key is not None else None
+        return self.seen_versions.get(url) if url is not None else None
 
     # ---- LoRA adapters -----------------------------------------------------------------------
     def use_adapters(self, adapter: str | None = None) -> None:
@@ -291,6 +307,8 @@ class GenerationClient(WeightRoutes):
         outs = outs if isinstance(outs, list) else [outs]
         version = _adapter_version(adapter) if self.lora else None
         results = [_result(o, url, lora_path=adapter, adapter_version=version) for o in outs]
+        if results and results[-1].weight_version is not None:
+            self.saw_version(url, results[-1].weight_version)
         if want_routes:  # base64 of up to tokens x layers x top-k ids: off the event loop
             sent = len(req.input_ids)  # the rows follow the prompt we sent, not the engine's count
             results = await anyio.to_thread.run_sync(

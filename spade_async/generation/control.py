@@ -126,7 +126,7 @@ class ControlRoutes:
             return _error(f"pause_generation: {exc}", status=422)
         v = self._judge(routes.PAUSE.path, {"mode": req.mode})
         if v.ok:
-            self.engine.pause(abort=req.mode == "abort")
+            self.engine.pause(abort=req.mode == "abort", retract=req.mode == "retract")
             if req.mode == "abort":  # TM.pause_generation returns once no request is left
                 with anyio.move_on_after(60):
                     while self.engine.active:
@@ -240,8 +240,8 @@ class ControlRoutes:
             return self._answer(v)
         try:
             action(req.tags or list(sglang_state.MEMORY_TAGS))
-        except EngineBusy as exc:  # SGLang would retract the running rows; this engine keeps
-            self.sgl.offload_tags = before  # them (retract = in_place here): not released
+        except EngineBusy as exc:  # requests running or waiting (retracted ones too, which
+            self.sgl.offload_tags = before  # SGLang's paused scheduler ignores): not released
             return _error(str(exc), status=409)
         if "weights" in self.engine.released:
             self._spare = None  # released weights: no second copy either

@@ -34,6 +34,7 @@ from spade_async.generation import packed, ragged, route_capture
 from spade_async.generation.kv_cache import PrefixCache, cache_kw, left_pad, slab_cache
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.priority import PriorityPolicy, preemption_victim, waiting_order
+from spade_async.generation.retract import retract_running
 from spade_async.generation.protocol import FinishReason, SamplingParams
 from spade_async.generation.sampling import sample_tokens
 
@@ -132,6 +133,7 @@ class Engine:
         self._cond = threading.Condition()
         self._paused = False
         self._abort_all = False
+        self._retract = False  # pause(retract=True): the scheduler retracts its running rows
         self._swap: _Swap | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -176,11 +178,13 @@ class Engine:
         with self._cond:
             return len(self._pending) + len(self.active)
 
-    def pause(self, *, abort: bool) -> None:
-        """Stop stepping; ``abort`` also ends waiting and running requests (``abort``)."""
+    def pause(self, *, abort: bool, retract: bool = False) -> None:
+        """Stop stepping; ``abort`` also ends waiting and running requests (``abort``);
+        ``retract`` frees the running rows' KV and re-queues them (``retract.py``)."""
         with self._cond:
             self._paused = True
             self._abort_all = self._abort_all or abort
+            self._retract = retract and not abort
             waiting = list(self._pending) if abort else []
             if abort:
                 self._pending.clear()
@@ -254,6 +258,7 @@ class Engine:
                     if self._stopping:
                         break
                     abort_all, self._abort_all = self._abort_all, False
+                    retract, self._retract = self._retract, False
                     swap = self._swap
                     if swap is not None and swap.abort:
                         abort_all = True
@@ -265,6 +270,8 @@ class Engine:
                     self.prefix.clear()
                 if abort_all:
                     self._abort_running("aborted by pause_generation or a weight update")
+                if retract:
+                    retract_running(self)  # re-prefilled on continue, under its weights then
                 if swap is not None and (paused or not self.active):
                     self._do_swap(swap)  # paused in place: running rows resume on new weights
                     continue
@@ -285,7 +292,7 @@ class Engine:
                 seq.future.cancel()
 
     def _has_work(self) -> bool:
-        if self._abort_all or self._swap is not None and (self._paused or not self.active):
+        if self._abort_all or self._retract or self._swap is not None and (self._paused or not self.active):
             return True
         if self._paused:
             return False

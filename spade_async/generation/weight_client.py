@@ -42,6 +42,8 @@ class WeightRoutes:
             try:
                 body = await self._call(url, routes.MODEL_INFO, None)
                 out[url] = decode_reply(decoder, body, url, routes.MODEL_INFO).weight_version
+                if out[url] is not None and hasattr(self, "saw_version"):
+                    self.saw_version(url, out[url])  # routing replay: engine_version
             except EngineError as exc:
                 errors.append(exc)
 

@@ -59,6 +59,7 @@ class AgentBatch:
     episodes: int = 0
     filtered: int = 0
     routes_dropped: int = 0  # episodes whose routes misfit (routing replay): dropped
+    routes_stale: int = 0  # turns trained without replay: a weight update broke their rows
 
     @property
     def samples(self) -> list[Sample]:
@@ -78,7 +79,9 @@ def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
             groups[(ep.env_id, ep.hinted)].append(ep)
     for eps in groups.values():
         for ep, adv in zip(eps, grpo_advantages([e.reward for e in eps]), strict=True):
-            group = out.episodes if cfg.thinking_fanout else -1
+            split = len(ep.route_epochs) > 1  # a sample per route epoch: one loss unit
+            group = out.episodes if cfg.thinking_fanout or split else -1
+            out.routes_stale += sum(e - f for f, e, rows in ep.route_epochs if not rows)
             out.episodes += 1
             out.zero_advantage += adv == 0.0
             samples = _episode_samples(ep, adv, cfg.thinking_fanout, group)
@@ -88,10 +91,8 @@ def agent_batch(episodes: Sequence[Episode], cfg: AgentConfig) -> AgentBatch:
             if not live:  # compact filter, malformed tool calls: one unit, trains nothing
                 out.filtered += 1
                 out.slots.append(None)
-            elif cfg.thinking_fanout:  # a masked turn adds nothing to its episode's mean
+            else:  # fan-out: a masked turn adds nothing to its episode's mean
                 out.slots += live
-            else:
-                out.slots.append(live[0])
     return out
 
 
@@ -116,6 +117,8 @@ def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[S
 
 
 def _episode_samples(ep: Episode, adv: float, fanout: bool, group: int = -1) -> list[Sample]:
+    if not fanout and len(ep.route_epochs) > 1:
+        return _epoch_samples(ep, adv, group)
     if not fanout:
         return [
             Sample(
@@ -129,7 +132,8 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool, group: int = -1) -> 
             )
         ]
     out = []
-    for (start, end), version in zip(ep.turn_spans, ep.turn_versions, strict=True):
+    spans = zip(ep.turn_spans, ep.turn_versions, strict=True)
+    for turn, ((start, end), version) in enumerate(spans):
         if end <= start:
             continue
         mask = [0] * start + list(ep.loss_mask[start:end])  # malformed turns stay masked
@@ -142,7 +146,38 @@ def _episode_samples(ep: Episode, adv: float, fanout: bool, group: int = -1) -> 
                 role="agent",
                 policy_version=version,
                 loss_group=group,
-                routed_experts=ep.routed_experts,  # the trainer reads the rows it runs
+                routed_experts=_turn_routes(ep, turn),  # the trainer reads the rows it runs
+            )
+        )
+    return out
+
+
+def _turn_routes(ep: Episode, turn: int) -> bytes:
+    """The rows of the route epoch that holds ``turn`` (roles/episode_routes.py)."""
+    for first, end, rows in ep.route_epochs:
+        if first <= turn < end:
+            return rows
+    return ep.routed_experts
+
+
+def _epoch_samples(ep: Episode, adv: float, group: int) -> list[Sample]:
+    """One sample per route epoch of an episode a weight update split: the tokens up to the
+    epoch's last turn, trained on that epoch's turns only, with the rows they were sampled
+    with (b"": without replay). Together they train what the one episode sample would."""
+    out = []
+    for first, end, rows in ep.route_epochs:
+        start, stop = ep.turn_spans[first][0], ep.turn_spans[end - 1][1]
+        mask = [0] * start + list(ep.loss_mask[start:stop])
+        out.append(
+            Sample(
+                token_ids=ep.token_ids[:stop],
+                loss_mask=mask,
+                advantage=adv,
+                rollout_logprobs=ep.logprobs[:stop],
+                role="agent",
+                policy_version=min(ep.turn_versions[first:end]),
+                loss_group=group,
+                routed_experts=rows,
             )
         )
     return out

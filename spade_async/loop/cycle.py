@@ -337,6 +337,7 @@ async def step_batch(
     rt.meters.count("batch/trimmed", trimmed)
     rt.meters.count("batch/compact_filtered", sum(s is None for s in slots))
     rt.meters.count("routes/dropped", agent.routes_dropped)  # routes that fit no sample
+    rt.meters.count("routes/stale_turns", agent.routes_stale)  # a weight update broke them
     normaliser = loss_normaliser(
         loss_units(slots),  # an episode's turn samples count once
         cfg.batch_samples,

@@ -38,6 +38,7 @@ from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.seeds import request_seed
+from spade_async.roles.episode_routes import EpisodeRoutes
 from spade_async.rewards import agent_outcome
 
 Status = Literal[
@@ -145,6 +146,9 @@ class Episode(msgspec.Struct, kw_only=True):
     # an engine sent none, else the misfit naming the engine: the sample is dropped)
     routed_experts: bytes = b""
     routes_status: str = ""
+    # several when a weight update broke the rows (roles/episode_routes.py): (first turn,
+    # end turn, rows from position 0) per epoch, b"": those turns train without replay
+    route_epochs: list[tuple[int, int, bytes]] = []
 
     @property
     def version(self) -> int:
@@ -241,7 +245,6 @@ async def play_episode(
     seed from the reset seed and the turn (a play of one seed repeats, hinted or not).
     ``pace`` (``envs.audit.Pace``): records the turn times for a scripted sibling play."""
     busy = meters.busy if meters is not None else _no_busy
-    key = f"ep-{next(_session)}"
     conv: Conversation | None = None
     spans: list[tuple[int, int]] = []
     versions: list[int] = []
@@ -252,7 +255,8 @@ async def play_episode(
     step_rewards: list[float] = []
     step_flags: list[tuple[bool, bool]] = []
     inst = None
-    routes = _Routes(client)
+    key = f"ep-{next(_session)}"
+    routes = EpisodeRoutes(client, key)
     try:
         inst = await pool.open(env.source, env_id=env.env_id)
         if pace is not None:
@@ -286,7 +290,7 @@ async def play_episode(
                         sampling_seed=_turn_seed(request_key, seed, conv.turns),
                     ),
                     session_key=key,
-                    routes_from=routes.rows,
+                    routes_from=routes.start(),
                 )
             routes.add(res, len(conv.token_ids))
             start = len(conv.token_ids)
@@ -334,6 +338,7 @@ async def play_episode(
                 await pool.close(inst)
             except EnvError:
                 pass
+    routed_experts, route_epochs = routes.finish()
     return Episode(
         env_id=env.env_id,
         seed=seed,
@@ -353,27 +358,10 @@ async def play_episode(
         step_rewards=step_rewards,
         step_flags=step_flags,
         error_kind=error_kind,
-        routed_experts=bytes(routes.data),
+        routed_experts=routed_experts,
+        route_epochs=route_epochs,
         routes_status=routes.status,
     )
-
-
-class _Routes:
-    """An episode's routes, turn by turn: each turn asks from the first position it lacks
-    (SGLang's ``routed_experts_start_len``) and brings rows up to its last token but one."""
-
-    def __init__(self, client: GenerationClient) -> None:
-        self.on = getattr(client, "route_shape", None) is not None
-        self.data, self.rows, self.status = bytearray(), 0, ""
-
-    def add(self, res, prompt_len: int) -> None:
-        if not self.on or self.status:
-            return
-        if res.routes_problem or res.routed_experts is None:
-            self.status = res.routes_problem or "missing"
-            return
-        self.data += res.routed_experts
-        self.rows = max(self.rows, prompt_len + len(res.output_ids) - 1)
 
 
 def obs_hash(obs: str) -> str:

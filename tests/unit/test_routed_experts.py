@@ -100,15 +100,15 @@ def test_turn_by_turn_routes_equal_one_full_request(moe_server):
     whole context returns (fp32 engine, one request at a time: the same arithmetic)."""
     from spade_async.generation.client import GenerationClient
     from spade_async.generation.protocol import SamplingParams
-    from spade_async.roles.agent import _Routes
+    from spade_async.roles.episode_routes import EpisodeRoutes
 
     async def main():
         async with GenerationClient([moe_server]) as client:
             client.enable_routes(SHAPE)
-            routes, ids = _Routes(client), [11, 12, 13, 14]
+            routes, ids = EpisodeRoutes(client), [11, 12, 13, 14]
             for turn in range(3):
                 sp = SamplingParams(max_new_tokens=3, ignore_eos=True, sampling_seed=turn)
-                res = await client.generate(ids, sp, routes_from=routes.rows)
+                res = await client.generate(ids, sp, routes_from=routes.start())
                 routes.add(res, len(ids))
                 ids = ids + res.output_ids + [20 + turn, 21]  # an observation
             ids = ids[:-2]
