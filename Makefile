@@ -9,7 +9,7 @@ LATEST := .venv-latest
 NAME ?= env_pool
 ARGS ?=
 
-.PHONY: install demo test test-slow test-gpu test-browser test-latest lock lint bench clean
+.PHONY: install demo test test-slow test-gpu test-browser test-interop test-latest lock lint bench clean
 
 # The locked set (requirements/*.lock, written by `make lock` with uv, hashes included),
 # installed exactly by uv; the project itself editable, without deps. A lock that no longer
@@ -69,6 +69,20 @@ test-gpu: $(STAMP)
 
 # spade report's page in headless Chromium: Debian's chromium-headless-shell (apt-get, as
 # root) driven by Playwright's Python package, which downloads no browser build of its own.
+# The real libraries that environment sources and exports meet (docs/interop.md): verifiers,
+# openenv-core, gem-llm, in an environment of their own from requirements/interop.lock (gem-llm
+# pins another reasoning-gym than the main lock). The project and its locked dependencies come
+# from .venv through a .pth (site.addsitedir: its editable install included), after the
+# interop site-packages, so the interop pins win.
+INTEROP := .venv-interop
+test-interop: $(STAMP)
+	test -x $(INTEROP)/bin/python || $(UV) venv -q --python $(BIN)/python $(INTEROP)
+	VIRTUAL_ENV=$(INTEROP) $(UV) pip sync -q --compile-bytecode --require-hashes requirements/interop.lock
+	VIRTUAL_ENV=$(INTEROP) $(UV) pip install -q --no-deps --compile-bytecode tests/fixtures/textgym_pkg
+	printf "import site; site.addsitedir('%s')\n" "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+		> "$$($(INTEROP)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_spade_main.pth"
+	$(INTEROP)/bin/python -m pytest -q -p no:cacheprovider -m interop tests/interop
+
 test-browser: $(STAMP)
 	command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell; }
