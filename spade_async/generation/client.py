@@ -212,10 +212,16 @@ class GenerationClient(WeightRoutes):
         self.seen_versions[url] = version
 
     def engine_version(self, session_key: str | None) -> str | None:
-        """The last weight version seen from the engine a session is pinned to (None: no
-        session yet, or nothing seen; routing replay's ``roles/episode_routes.py``)."""
+        """The last weight version seen from the engine a session is pinned to; unpinned
+        (behind sglang-router, which keeps sessions itself, and updates every engine), the
+        newest seen anywhere; None when nothing was seen (``roles/episode_routes.py``)."""
         url = self._sessions.get(session_key) if session_key is not None else None
-        return self.seen_versions.get(url) if url is not None else None
+        if url is not None:
+            return self.seen_versions.get(url)
+        seen = list(self.seen_versions.values())
+        if seen and all(v.isdigit() for v in seen):
+            return max(seen, key=int)
+        return seen[-1] if seen else None
 
     # ---- LoRA adapters -----------------------------------------------------------------------
     def use_adapters(self, adapter: str | None = None) -> None:

@@ -226,3 +226,19 @@ def test_an_unseen_update_trains_the_turn_without_replay_and_counts_it():
     routed, epochs = r.finish()
     assert [(f, e, len(b)) for f, e, b in epochs] == [(0, 1, 48), (1, 2, 0), (2, 3, 88), (3, 4, 0)]
     assert r.stale == 2 and routed == b""
+
+
+def test_engine_version_is_the_sessions_engines_or_the_newest_seen():
+    from spade_async.generation.client import GenerationClient
+
+    async def main():
+        async with GenerationClient(["http://a", "http://b"]) as client:
+            assert client.engine_version("k") is None
+            url = client.pick("k")
+            other = "http://b" if url == "http://a" else "http://a"
+            client.saw_version(url, "3")
+            client.saw_version(url, "2")  # a late reply of older weights: not back
+            client.saw_version(other, "5")
+            return client.engine_version("k"), client.engine_version("unpinned")
+
+    assert anyio.run(main) == ("3", "5")
