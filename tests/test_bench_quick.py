@@ -19,10 +19,12 @@ SCRIPTS = sorted(
 
 def test_every_bench_script_is_listed():
     assert set(SCRIPTS) == {
+        "audit_cost",
         "env_check",
         "env_pool",
         "generation",
         "eval",
+        "interop",
         "logprob",
         "lora_push",
         "memory",
