@@ -97,6 +97,12 @@ def rank(rec: EnvRecord, raw: bytes, live: bool) -> tuple:
 def scan_image(data: bytes) -> tuple[dict[str, EnvRecord], Pages]:
     """id -> the kept copy of every record in the ``data.mdb`` image ``data``; the reader
     (its ``work`` counts the bytes examined)."""
+    copies, pages = scan_copies(data)
+    return {k: rec for k, (rec, _) in copies.items()}, pages
+
+
+def scan_copies(data: bytes) -> tuple[dict[str, tuple[EnvRecord, bytes]], Pages]:
+    """id -> (the kept copy, its bytes as found) of every record in ``data``; the reader."""
     pages = Pages(data)
     best: dict[str, tuple[tuple, EnvRecord]] = {}
 
@@ -119,7 +125,7 @@ def scan_image(data: bytes) -> tuple[dict[str, EnvRecord], Pages]:
             except ValueError:
                 continue
         offer(_record(raw, key), raw, False)
-    return {k: v[1] for k, v in best.items()}, pages
+    return {k: (v[1], v[0][-1]) for k, v in best.items()}, pages
 
 
 def scan(path: str | Path) -> dict[str, EnvRecord]:
@@ -146,8 +152,11 @@ def run_memory_config(path: Path):
                           "(the repaired store's indexes follow it)") from None  # fmt: skip
 
 
-def write_store(records: list[EnvRecord], dest: Path, config=None) -> None:
-    """A fresh store at ``dest`` holding ``records`` exactly (indexes and signatures rebuilt)."""
+def write_store(
+    records: list[EnvRecord], dest: Path, config=None, raw: dict[str, bytes] | None = None
+) -> None:
+    """A fresh store at ``dest`` holding ``records`` exactly (indexes and signatures
+    rebuilt); ``raw``: id -> the bytes a record was found as, stored as they are."""
     from spade_async.memory import dedup, ops
     from spade_async.memory.store import MemoryStore
 
@@ -164,6 +173,8 @@ def write_store(records: list[EnvRecord], dest: Path, config=None) -> None:
                         for key in dedup.band_keys(dedup.from_bytes(sig), bands):
                             txn.put(key, rec.id.encode(), db=store.db["bands"])
                 ops._replace(store, txn, None, rec)
+                if raw is not None:  # byte for byte (a newer schema's defaults not added)
+                    txn.put(rec.id.encode(), raw[rec.id], db=store.db["records"])
             repeats = sum(r.exact_repeats for r in records)
             txn.put(b"exact_repeats", str(repeats).encode(), db=store.db["meta"])
 
@@ -198,9 +209,11 @@ def repair(path: str | Path, config=None) -> tuple[int, Path]:
     path = Path(path)
     config = config if config is not None else run_memory_config(path)
     swap.finish(path)
-    records = sorted(scan(path).values(), key=lambda r: r.id)
+    copies = scan_copies((path / "data.mdb").read_bytes())[0]
+    records = sorted((rec for rec, _ in copies.values()), key=lambda r: r.id)
+    raw = {k: found for k, (_, found) in copies.items()}
     try:
-        kept = swap.install(path, lambda fresh: write_store(records, fresh, config))
+        kept = swap.install(path, lambda fresh: write_store(records, fresh, config, raw))
     except OSError as exc:
         raise ConfigError(
             f"cannot repair '{path}': {exc.strerror or exc} ({exc.filename}); the store is "
@@ -210,4 +223,4 @@ def repair(path: str | Path, config=None) -> tuple[int, Path]:
 
 
 __all__ = ["msgpack_size", "progress", "rank", "repair", "run_memory_config", "scan",
-           "scan_image", "verify", "write_store"]  # fmt: skip
+           "scan_copies", "scan_image", "verify", "write_store"]  # fmt: skip
