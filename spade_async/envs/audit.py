@@ -20,6 +20,7 @@ so the worker that plays never sees ``solution()`` run for the seed it is then p
 from __future__ import annotations
 
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -198,6 +199,33 @@ async def scripted_play(
     return res
 
 
+_ANSWERS = re.compile(r"(\\boxed\{)([^{}]*)(\})|(<answer>)(.*?)(</answer>)", re.DOTALL)
+_WORD = re.compile(r"[A-Za-z]+")
+_NUMBER = re.compile(r"\d+")
+
+
+def absurd(rng: random.Random, reply: str) -> str:
+    """A policy reply to another environment made into garbage for this one, its shape
+    kept (length, prose, formatting, tool-call JSON): every number becomes one no game
+    here accepts (more digits than it had and the usual ranges), every word inside a
+    ``\\boxed{...}`` or ``<answer>`` becomes random letters one longer. A reply that is a
+    legal move elsewhere (``\\boxed{5}``, ``\\boxed{left}``) is then never a legal move
+    here by chance, as the validator's garbage (``garbage.legal_looking``): an honest
+    game that passed the gates does not lose to it, one that lets any reply win does."""
+    from spade_async.envs.garbage import _absurd_int, _junk
+
+    def inner(m: re.Match) -> str:
+        if m.group(1):
+            head, body, tail = m.group(1), m.group(2), m.group(3)
+        else:
+            head, body, tail = m.group(4), m.group(5), m.group(6)
+        body = _WORD.sub(lambda w: _junk(rng, len(w.group()) + 1), body)
+        return head + (body if body.strip() else _junk(rng)) + tail
+
+    reply = _ANSWERS.sub(inner, reply)
+    return _NUMBER.sub(lambda m: _absurd_int(rng, m.group()).lstrip("-"), reply)
+
+
 def pick_garbage(rng: random.Random, replies: list[str], turns: int) -> list[str]:
-    """``turns`` replies drawn (with replacement) from ``replies``."""
-    return [rng.choice(replies) for _ in range(max(1, turns))]
+    """``turns`` replies drawn (with replacement) from ``replies``, made absurd here."""
+    return [absurd(rng, rng.choice(replies)) for _ in range(max(1, turns))]

@@ -306,3 +306,21 @@ def test_dashboard_and_report_show_audits_per_reason(tmp_path):
     for line in ("audits run", "audits failed", "environments quarantined",
                  "quarantined: garbage_won", "quarantined: audit_fault"):  # fmt: skip
         assert line in shown, shown
+
+
+def test_garbage_is_a_reply_to_another_environment_made_absurd_here():
+    """A legal move elsewhere (a small number, a direction) never stays one: numbers grow
+    past any range, words inside the answer become random letters; the shape stays."""
+    import re
+
+    from spade_async.envs.audit import absurd
+
+    rng = random.Random(0)
+    for reply in ("\\boxed{5}", "I think \\boxed{left 3}.", "<answer>42 apples</answer>",
+                  '<tool_call>{"name": "pay", "arguments": {"n": 3}}</tool_call>'):  # fmt: skip
+        out = absurd(rng, reply)
+        assert out != reply
+        assert all(len(n) >= 6 for n in re.findall(r"\d+", out)), out
+        assert "left" not in out and "apples" not in out and ("pay" in out) == ("pay" in reply)
+        assert out.count("\\boxed{") == reply.count("\\boxed{")
+    assert absurd(rng, "no answer here") == "no answer here"  # prose keeps its words
