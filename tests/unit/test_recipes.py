@@ -246,7 +246,7 @@ def test_greedy_trained_rollouts_are_refused():
     from spade_async.errors import ConfigError
 
     with pytest.raises(
-        ConfigError, match=r"temperature = 0.0 is out of range: must be in \(0, 100\]"
+        ConfigError, match=r"temperature = 0 is out of range: must be in \(0, 100\]"
     ):
         recipe.load(None, ["agent.temperature=0", "designer.temperature=0"])
 
