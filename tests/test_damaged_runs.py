@@ -179,7 +179,8 @@ def test_a_bad_record_is_one_line_and_repair_keeps_the_rest(run, tmp_path, capsy
 
 
 @pytest.mark.parametrize("line", ['max_steps = "3"', 'regen_interval = 1.5',
-                                  '[envs]\nmax_workers = "2"'])  # fmt: skip
+                                  '[envs]\nmax_workers = "2"', 'max_steps = -3',
+                                  '[envs]\nmax_workers = 0', 'shutdown_grace_s = nan'])  # fmt: skip
 def test_a_config_of_the_wrong_type_is_refused_alike(run, tmp_path, capsys, line):
     cfg = run / "config.toml"
     text = cfg.read_text()
