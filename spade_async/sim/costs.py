@@ -100,6 +100,8 @@ class Costs:
     env_open_s: float
     validate_s: float
     colocated: bool = False  # engines and trainer share the GPUs (take turns)
+    checkpoint_s: float = 0.0  # one checkpoint write (sim/extras.py)
+    offload_s: float = 0.0  # added to every train step with the optimizer offloaded
     lengths: Lengths = LENGTHS
     notes: dict = field(default_factory=dict)
 
@@ -182,11 +184,16 @@ def gpu_costs(
     checkpointing: bool = True,
     costs_file: str | Path | None = None,
     push_bytes: int = 0,
+    offload: bool = False,
 ) -> Costs:
     """Roofline costs for ``engine_gpus`` GPUs of engines (``tp`` each) and ``trainer_gpus``
     of FSDP trainer (colocated: the same GPUs, taking turns). The push runs at the rate
     measured for a CUDA-IPC push (an NCCL broadcast over NVLink is taken to be as fast);
-    ``push_bytes`` (``plan.memory``'s) replaces the full weights (LoRA: the adapters)."""
+    ``push_bytes`` (``plan.memory``'s) replaces the full weights (LoRA: the adapters). A
+    checkpoint write and, with ``offload``, the optimizer's host round trip per train step
+    come from ``sim/extras.py`` (their sources in ``notes``)."""
+    from spade_async.sim import extras
+
     gpus, models = load_costs(costs_file)
     g, m = gpu_entry(gpu, gpus), model_costs(model, models)
     eff = {k: v for k, (v, _) in EFFICIENCY.items()}
@@ -227,8 +234,13 @@ def gpu_costs(
         env_open_s=eff["env_open_s"],
         validate_s=eff["validate_s"],
         colocated=colocated,
+        checkpoint_s=extras.checkpoint_s(m["params"]),
+        offload_s=extras.offload_s(m["params"], trainer_gpus) if offload else 0.0,
         notes={"gpu": g.get("source", ""), "model": m.get("source", ""),
-               "kv_capacity_tokens_per_engine": kv_cap, "weights_gb": weight_bytes / 1e9},
+               "kv_capacity_tokens_per_engine": kv_cap, "weights_gb": weight_bytes / 1e9,
+               "checkpoint": extras.SOURCES["checkpoint"],
+               "evaluation": extras.SOURCES["evaluation"],
+               **({"offload": extras.SOURCES["offload"]} if offload else {})},
     )  # fmt: skip
 
 

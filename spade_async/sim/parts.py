@@ -7,8 +7,8 @@
   close) on ``envs.max_workers`` workers; each environment instance draws its episode length
   (turns, long-tailed) at reset and pays ``env_step_s`` per step; the designer's validation
   (``validate_source``) takes ``validate_s`` and is valid with ``Lengths.valid_p``.
-- ``SimTrainer``: ``train_step`` takes ``train_fixed + tokens x train_per_token +
-  sum(len^2)/2 x train_per_ctx_token``; ``push_weights`` pauses the engines (retract flushes
+- ``SimTrainer``: ``train_step`` takes ``train_fixed + offload + tokens x train_per_token +
+  sum(len^2)/2 x train_per_ctx_token``; ``save`` takes ``checkpoint_s``; ``push_weights`` pauses the engines (retract flushes
   their KV cache) for ``push_s`` and sets their version; colocated, a train step holds the
   engines (the GPUs are the trainer's meanwhile).
 """
@@ -30,7 +30,7 @@ from spade_async.sim.costs import Costs, lognormal
 from spade_async.sim.engine import ROLE_AGENT, ROLE_DESIGNER, ROLE_HINT, SimEngine
 from spade_async.trainer.rpc import WeightsPushed
 
-__all__ = ["SimTokenizer", "SimPool", "SimTrainer", "SimProc"]
+__all__ = ["SimTokenizer", "RealTokenizerInPath", "SimPool", "SimTrainer", "SimProc", "FILLER"]
 
 CHARS_PER_TOKEN = 4
 _AGENT = (GAMES_SYSTEM[:40], TOOL_SYSTEM[:40])
@@ -60,6 +60,54 @@ class SimTokenizer:
         return "" if skip_special_tokens else "<|end|>"
 
 
+def _role_tag(text: str) -> int | None:
+    """The role tag for a rendered prompt (its system turn's first words), else None."""
+    head = text[:240]
+    if not any(m in head for m in ("system", "<|system|>")):
+        return None
+    if any(a in head for a in _AGENT):
+        return ROLE_AGENT
+    return ROLE_HINT if any(h in head for h in _HINT) else ROLE_DESIGNER
+
+
+class RealTokenizerInPath(SimTokenizer):
+    """A real Hugging Face tokenizer in the controller's path: its chat template renders and
+    it encodes every text the loop hands it (the CPU the controller pays), while the ids the
+    engines see keep ``SimTokenizer``'s count (about four characters a token, the role tag
+    first) so that the simulated workload is the same with or without it."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.name_or_path = f"{getattr(real, 'name_or_path', 'hf')} (in the path)"
+        self.chat_template = real.chat_template
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True,
+                            **kw) -> str:  # fmt: skip
+        return self.real.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt, **kw)  # fmt: skip
+
+    def __call__(self, text: str, add_special_tokens: bool = False):
+        self.real(text, add_special_tokens=add_special_tokens)  # the real encoding's CPU
+        n = max(1, len(text) // CHARS_PER_TOKEN)
+        ids = [5] * n
+        tag = _role_tag(text)
+        if tag is not None:
+            ids[0] = tag
+        return SimpleNamespace(input_ids=ids)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.real.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+# what observations and prompts read like (a real tokenizer's cost depends on the text)
+FILLER = ("The board is a grid of cells; row 3 column 4 holds a blue piece and the cell to "
+          "its left is empty. Your last move was legal. ")  # fmt: skip
+
+
+def filler(chars: int) -> str:
+    return (FILLER * (chars // len(FILLER) + 1))[:chars]
+
+
 @dataclass
 class _Inst:
     env_id: str
@@ -81,9 +129,9 @@ class SimPool:
         self.config = SimpleNamespace(max_workers=self.max_workers)
         self._workers = anyio.CapacityLimiter(max(1, self.max_workers))
         self.steps = 0
-        self.obs = "o" * (self.costs.lengths.obs_tokens * CHARS_PER_TOKEN)
+        self.obs = filler(self.costs.lengths.obs_tokens * CHARS_PER_TOKEN)
         first = self.costs.lengths.prompt_tokens - len(GAMES_SYSTEM) // CHARS_PER_TOKEN
-        self.first = "r" * (max(1, first) * CHARS_PER_TOKEN)
+        self.first = filler(max(1, first) * CHARS_PER_TOKEN)
 
     async def _work(self, seconds: float) -> None:
         async with self._workers:
@@ -157,6 +205,7 @@ class SimTrainer:
         c = self.c
         seconds = (
             c.train_fixed_s
+            + c.offload_s
             + tokens * c.train_per_token_s
             + sum(n * n for n in lens) / 2 * c.train_per_ctx_token_s
         )
@@ -193,5 +242,16 @@ class SimTrainer:
         )
 
     async def save(self, directory: str, **kw):
-        """Checkpoints are not costed (see README); the directory is made, as DCP does."""
+        """A checkpoint write (``Costs.checkpoint_s``, ``sim/extras.py``); the directory is
+        made, as DCP does. Colocated, the engines wait (the GPUs hold the trainer's state)."""
         Path(directory).mkdir(parents=True, exist_ok=True)
+        if self.c.colocated:
+            for e in self.engines:
+                e.hold()
+        try:
+            await anyio.sleep(self.c.checkpoint_s)
+        finally:
+            if self.c.colocated:
+                for e in self.engines:
+                    e.release()
+        self.busy_s += self.c.checkpoint_s

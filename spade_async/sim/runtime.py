@@ -44,7 +44,7 @@ def _pool_code(i: int) -> str:
     return f"class SimPoolEnv{i}:\n    uid = {i}\n"
 
 
-async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
+async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None) -> dict:
     run_dir = RunDir(root / "run").create()
     rng = np.random.default_rng(seed)
     store = MemoryStore(run_dir.memory, cfg.memory)
@@ -71,7 +71,7 @@ async def _run(cfg, costs: Costs, root: Path, seed: int) -> dict:
                         setting=cfg.designer.setting, multi_turn=True))  # fmt: skip
             with Telemetry(run_dir.root, cfg.telemetry) as tel:
                 rt = Runtime(
-                    cfg=cfg, run_dir=run_dir, tokenizer=SimTokenizer(), client=client,
+                    cfg=cfg, run_dir=run_dir, tokenizer=tokenizer or SimTokenizer(), client=client,
                     pool=pool, store=store, writer=writer, corpus=None, trainer=trainer,
                     trainer_proc=SimProc(), tel=tel, engine_urls=list(client.urls),
                     state=ControllerState(), meters=Meters(clock=anyio.current_time),
@@ -128,8 +128,14 @@ async def _watch_depth(writer: MemoryWriter, depth: dict) -> None:
         await anyio.sleep(1.0)
 
 
-def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0) -> dict:
-    """``steps`` trainer steps of ``cfg``'s schedule on simulated parts (see module doc)."""
+def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0, tokenizer=None) -> dict:
+    """``steps`` trainer steps of ``cfg``'s schedule on simulated parts (see module doc);
+    ``tokenizer``: a real Hugging Face tokenizer to put in the controller's path
+    (``parts.RealTokenizerInPath``), else ``parts.SimTokenizer``."""
+    if tokenizer is not None:
+        from spade_async.sim.parts import RealTokenizerInPath
+
+        tokenizer = RealTokenizerInPath(tokenizer)
     cfg = msgspec.structs.replace(
         cfg,
         max_steps=steps,
@@ -137,7 +143,7 @@ def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0) -> dict:
     )
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with tempfile.TemporaryDirectory(prefix="spade-sim-") as tmp:
-        out = run_virtual(_run, cfg, costs, Path(tmp), seed)
+        out = run_virtual(_run, cfg, costs, Path(tmp), seed, tokenizer)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["rss_growth_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     return out

@@ -1,13 +1,23 @@
 """Throughput of a recipe on one 8-GPU node, by placement and ``max_staleness``, simulated.
 
-For each split of the node's GPUs between engines and trainer (2+6, 4+4, 6+2, and
+For each split of the node's GPUs between engines and trainer (2+6, 3+5, 4+4, 5+3, 6+2, and
 colocated, which the loop runs only under the sync schedule), the recipe runs under the sync
 schedule and under the async one at each ``max_staleness``, on the project's own loop in
 virtual time (``runtime.simulate``), with roofline costs for that GPU (``costs.gpu_costs``).
-A split whose trainer does not fit (``plan.memory``'s own check) is listed as such.
+A split whose trainer does not fit (``plan.memory``'s own check) runs with the optimizer
+offloaded to the host when that is the knob ``plan.memory`` names (its cost from
+``sim/extras.py``; the row is starred), else is listed as not fitting.
 
-Step time is measured in steady state: from the end of the first step (regeneration and
-pipeline fill) to the end of the last, over one regeneration window or more.
+Step time is measured in steady state, the same way for every arm: the run is cut into
+regeneration windows (``regen_interval`` steps); the first window (pipeline fill) and the
+last (the tail: the run stops with work in flight) are left out, and the step time is the
+mean over the windows between. A row is steady when adding its last measured window moves
+that mean less than ``STEADY`` (2%) and, for a ratio, moves the ratio less than 2% too; a row
+that is not says so instead of giving a figure (run more ``--steps``).
+
+The headline compares each async row with the *best* sync placement at the same GPU count
+(colocated included: ``over_best_sync``) and, beside it, with sync on its own split
+(``over_sync``).
 """
 
 from __future__ import annotations
@@ -20,9 +30,44 @@ from spade_async.errors import ConfigError
 from spade_async.sim.costs import gpu_costs
 from spade_async.sim.runtime import simulate
 
-__all__ = ["SPLITS", "Row", "placement_overrides", "sweep", "format_rows", "faster_placement"]
+__all__ = [
+    "SPLITS",
+    "STEADY",
+    "Row",
+    "placement_overrides",
+    "sweep",
+    "format_rows",
+    "faster_placement",
+    "steady_steps",
+    "window_means",
+]
 
-SPLITS = ("2+6", "4+4", "6+2", "colocated")
+SPLITS = ("2+6", "3+5", "4+4", "5+3", "6+2", "colocated")
+OFFLOAD = 'trainer.offload = "optimizer"'
+STEADY = 0.02  # a mean (or a ratio) that moves less than this with one more window is steady
+MIN_WINDOWS = 4  # warm-up + two measured windows + tail
+
+
+def steady_steps(regen_interval: int, windows: int = 6) -> int:
+    """Steps for ``windows`` regeneration windows (and the first step of the next)."""
+    return windows * max(1, regen_interval) + 1
+
+
+def window_means(step_times: list[float], window: int) -> list[float]:
+    """Cumulative mean step time after the warm-up window, one value per measured window
+    (the first and the last complete windows left out): ``[mean over window 1, over 1-2,
+    ...]``. Empty when the run has fewer than ``MIN_WINDOWS`` windows."""
+    w = max(1, window)
+    k = len(step_times) // w
+    if k < MIN_WINDOWS:
+        return []
+    t0 = step_times[w - 1]
+    return [(step_times[(j + 1) * w - 1] - t0) / (j * w) for j in range(1, k - 1)]
+
+
+def moved(series: list[float]) -> float | None:
+    """How much the last value of ``series`` moved from the one before (None: fewer than 2)."""
+    return abs(series[-1] / series[-2] - 1) if len(series) >= 2 else None
 
 
 @dataclass
@@ -37,6 +82,16 @@ class Row:
     over_sync: float | None = None
     note: str = ""
     controller_cpu_per_step_s: float | None = None
+    steps: int = 0
+    window: int = 1  # steps per regeneration window
+    window_s: list[float] | None = None  # cumulative steady mean, one per measured window
+    steady: bool = False
+    over_best_sync: float | None = None
+    best_sync: str = ""  # the best sync placement's split
+    ratio_by_steps: list[tuple[int, float]] | None = None  # (steps measured, over best sync)
+    max_sample_age: int = 0
+    mark: str = ""  # "best sync" / "best async"
+    offloaded: bool = False  # the trainer fits only with its optimizer on the host
 
 
 def placement_overrides(
@@ -79,7 +134,9 @@ def _fits(cfg, gpu: str) -> tuple[str, int]:
 
 
 def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: int,
-            extra: list[str], costs_file=None, seed: int = 0) -> Row:  # fmt: skip
+            extra: list[str], costs_file=None, seed: int = 0, offload: bool = True) -> Row:  # fmt: skip
+    """One placement x schedule; a trainer that fits only with the optimizer offloaded runs
+    so (``offload``), its host round trip costed (``sim/extras.py``)."""
     row = Row(split=split, schedule=schedule, staleness=staleness)
     base = recipe.load(path, list(extra))
     tp = max(1, len(base.engine.gpus[0])) if base.engine.gpus else 1
@@ -91,6 +148,10 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         row.note = str(e).split(":")[0][:60]
         return row
     row.note, push_bytes = _fits(cfg, gpu)
+    if row.note and OFFLOAD in row.note and offload:  # the knob plan.memory names: take it
+        cfg = recipe.load(path, [*sets, *where, "trainer.offload='optimizer'"])
+        row.note, push_bytes = _fits(cfg, gpu)
+        row.offloaded = not row.note
     if row.note:
         return row
     n_eng = 8 if split == "colocated" else int(split.split("+")[0])
@@ -99,13 +160,24 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         trainer_gpus=len(cfg.placement.trainer_gpus), colocated=split == "colocated",
         mem_fraction=cfg.engine.mem_fraction_static, kl_reference=cfg.trainer.kl_coef > 0,
         checkpointing=cfg.trainer.activation_checkpointing, costs_file=costs_file,
-        push_bytes=push_bytes,
+        push_bytes=push_bytes, offload=cfg.trainer.offload == "optimizer",
     )  # fmt: skip
     out = simulate(cfg, costs, steps, seed=seed)
-    t = out["step_times"]
-    span = t[-1] - t[0]
-    row.step_s = span / (len(t) - 1) if len(t) > 1 else t[-1]
-    samples = out["samples_per_step"][1:] or out["samples_per_step"]
+    t, w = out["step_times"], max(1, cfg.regen_interval)
+    row.steps, row.window, row.window_s = len(t), w, window_means(t, w)
+    row.max_sample_age = out["max_sample_age"]
+    if not row.window_s:
+        row.note = (f"too short for a steady state: {len(t)} steps, need "
+                    f"{MIN_WINDOWS * w} (--steps)")  # fmt: skip
+        return row
+    move = moved(row.window_s)
+    row.steady = move is not None and move < STEADY
+    if not row.steady:
+        row.note = f"not steady at {len(t)} steps (last window moved {move:.1%}): more --steps"
+        return row
+    row.step_s = row.window_s[-1]
+    k = len(row.window_s)
+    samples = out["samples_per_step"][w : (k + 1) * w] or out["samples_per_step"]
     row.samples_per_hour = sum(samples) / len(samples) * 3600 / row.step_s
     row.engine_busy, row.trainer_busy = out["engine_busy_share"], out["trainer_busy_share"]
     row.controller_cpu_per_step_s = out["controller_cpu_s"] / max(1, out["steps"])
@@ -114,11 +186,11 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
           extra: list[str] | None = None, costs_file=None, progress=None) -> list[Row]:  # fmt: skip
-    """Every split x (sync, async at each staleness); ``steps`` 0: two regeneration windows
-    after the first step."""
+    """Every split x (sync, async at each staleness); ``steps`` 0: ``steady_steps`` (six
+    regeneration windows and a step)."""
     extra = list(extra or [])
     base = recipe.load(path, extra)
-    steps = steps or 2 * base.regen_interval + 1
+    steps = steps or steady_steps(base.regen_interval)
     gpu_costs(base.model, gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=costs_file)
     rows = []
     for split in splits:
@@ -133,24 +205,54 @@ def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SP
             rows.append(r)
             if progress:
                 progress(r)
+    compare(rows)
     return rows
+
+
+def compare(rows: list[Row]) -> None:
+    """Each async row over the best steady sync row (and the ratio against steps: steady when
+    its last window moved it less than ``STEADY``); the best sync and async rows marked."""
+    syncs = [r for r in rows if r.schedule == "sync" and r.step_s]
+    if not syncs:
+        return
+    best = min(syncs, key=lambda r: r.step_s)
+    best.mark = "best sync"
+    for r in rows:
+        if r.schedule != "async" or not r.step_s:
+            continue
+        n = min(len(r.window_s), len(best.window_s))
+        ratios = [best.window_s[j] / r.window_s[j] for j in range(n)]
+        r.ratio_by_steps = [((j + 1) * r.window, round(x, 3)) for j, x in enumerate(ratios)]
+        m = moved(ratios)
+        if m is None or m >= STEADY:
+            r.note = f"ratio not steady at {r.steps} steps: more --steps"
+            continue
+        r.over_best_sync, r.best_sync = best.step_s / r.step_s, best.split
+    asyncs = [r for r in rows if r.schedule == "async" and r.over_best_sync]
+    if asyncs:
+        min(asyncs, key=lambda r: r.step_s).mark = "best async"
 
 
 def format_rows(rows: list[Row]) -> str:
     head = (f"{'split':<10} {'schedule':<8} {'stale':>5} {'step s':>8} {'samples/h':>10} "
-            f"{'engines':>8} {'trainer':>8} {'vs sync':>8}")  # fmt: skip
+            f"{'engines':>8} {'trainer':>8} {'vs best':>8} {'vs same':>8}  ")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         stale = r.staleness if r.schedule == "async" else "-"
         if r.step_s is None:
             lines.append(f"{r.split:<10} {r.schedule:<8} {stale:>5} {r.note}")
             continue
+        split = r.split + ("*" if r.offloaded else "")
         lines.append(
-            f"{r.split:<10} {r.schedule:<8} {stale:>5} "
+            f"{split:<10} {r.schedule:<8} {stale:>5} "
             f"{r.step_s:>8.1f} {r.samples_per_hour:>10.0f} {r.engine_busy:>8.0%} "
             f"{r.trainer_busy:>8.0%} "
+            f"{(f'{r.over_best_sync:.2f}x' if r.over_best_sync else ''):>8} "
             f"{(f'{r.over_sync:.2f}x' if r.over_sync else ''):>8}"
+            + (f"  <- {r.mark}" if r.mark else (f"  {r.note}" if r.note else ""))
         )
+    if any(r.offloaded for r in rows):
+        lines.append("* optimizer offloaded to the host (the trainer fits no other way)")
     return "\n".join(lines)
 
 

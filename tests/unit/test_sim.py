@@ -3,6 +3,7 @@ pipeline bench's measured walls, the loop at scale, and bad cost-model input."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -61,6 +62,86 @@ def test_sim_predicts_the_cpu_pipeline_within_10_percent(name):
         predicted = sim["wall_s"] * m["phases"]
         assert abs(predicted / m["wall_s"] - 1) <= 0.10, (name, schedule, predicted, m["wall_s"])
         assert sim["max_sample_age"] <= saved["workload"]["max_staleness"]
+
+
+@pytest.mark.parametrize("name", ["pipeline", "pipeline_three_stage", "pipeline_three_stage_s2"])
+def test_sync_arm_alone_predicts_the_async_wall_within_5_percent(name):
+    """Out of sample: the async wall from the sync arm's costs alone (the async arm's timings
+    never enter them), the engine scaled by the async contention measured on the *other*
+    saved runs (sim/heldout.py)."""
+    from spade_async.sim.calibrate import engine_contention, with_engine_factor
+    from spade_async.sim.heldout import RUNS, load_run, predict_wall
+
+    runs = {n: load_run(ROOT, n) for n in RUNS}
+    saved = runs[name]
+    others = [engine_contention(runs[o]) for o in RUNS if o != name]
+    costs = with_engine_factor(cpu_costs(saved, ("sync",)), sum(others) / len(others), "held out")
+    sync_only = cpu_costs(saved, ("sync",))
+    assert sync_only.iter_fixed_s == cpu_costs({**saved, "async": None}, ("sync",)).iter_fixed_s
+    row = predict_wall(ROOT, saved, costs, "async")
+    assert abs(row["error"]) <= 0.05, row
+    assert row["max_sample_age"] <= saved["workload"]["max_staleness"]
+
+
+def test_steady_state_windows_and_the_best_sync_baseline():
+    """Arithmetic of sim/throughput.py: the warm-up and tail windows left out, a short run
+    says so, the headline is over the best sync row (colocated included), rows marked."""
+    from spade_async.sim.throughput import Row, compare, format_rows, window_means
+
+    # 4-step windows: warm-up steps of 10 s, then 5 s a step, the tail window 1 s a step
+    t = list(itertools.accumulate([10.0] * 4 + [5.0] * 16 + [1.0] * 4 + [1.0]))
+    assert window_means(t, 4) == [5.0, 5.0, 5.0, 5.0]  # neither the warm-up nor the tail
+    assert window_means(t[:15], 4) == []  # under four windows: no steady figure
+    rows = [
+        Row("4+4", "sync", 1, step_s=300.0, window_s=[300.0, 300.0], steps=17, window=4),
+        Row("colocated", "sync", 1, step_s=250.0, window_s=[245.0, 250.0], steps=17, window=4),
+        Row(
+            "4+4",
+            "async",
+            1,
+            step_s=125.0,
+            window_s=[100.0, 125.0],
+            steps=17,
+            window=4,
+            over_sync=300 / 125,
+        ),  # fmt: skip
+        Row("4+4", "async", 2, step_s=100.0, window_s=[98.0, 100.0], steps=17, window=4),
+    ]
+    for r in rows:
+        r.samples_per_hour, r.engine_busy, r.trainer_busy = 1.0, 0.5, 0.5
+    compare(rows)
+    assert rows[1].mark == "best sync" and rows[3].mark == "best async"
+    assert rows[3].over_best_sync == pytest.approx(2.5) and rows[3].best_sync == "colocated"
+    assert rows[3].ratio_by_steps == [(4, 2.5), (8, 2.5)]
+    # 245/100 -> 250/125: the ratio moved 18% with the last window: not steady, no figure
+    assert rows[2].over_best_sync is None and "not steady" in rows[2].note
+    table = format_rows(rows)
+    assert "<- best sync" in table and "<- best async" in table and "2.50x" in table
+
+
+def test_a_real_tokenizer_in_the_path_keeps_the_workload():
+    """RealTokenizerInPath renders with the real chat template and encodes with the real
+    tokenizer (its CPU is the controller's), but the ids keep the simulated count and role."""
+    from spade_async.roles.agent import GAMES_SYSTEM
+    from spade_async.sim.engine import ROLE_AGENT
+    from spade_async.sim.parts import RealTokenizerInPath, SimTokenizer
+
+    calls = []
+
+    class Fake:
+        name_or_path, chat_template = "fake", "{{ x }}"
+
+        def apply_chat_template(self, messages, **kw):
+            return "<|im_start|>system\n" + messages[0]["content"] + "<|im_end|>"
+
+        def __call__(self, text, add_special_tokens=False):
+            calls.append(text)
+
+    tok = RealTokenizerInPath(Fake())
+    text = tok.apply_chat_template([{"role": "system", "content": GAMES_SYSTEM}])
+    ids = tok(text).input_ids
+    assert calls == [text] and ids[0] == ROLE_AGENT
+    assert len(ids) == len(SimTokenizer()(text).input_ids) == len(text) // 4
 
 
 def test_8b_games_recipe_runs_in_virtual_time():
