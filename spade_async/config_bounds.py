@@ -327,13 +327,13 @@ def check(cfg: Any, at: str = "") -> None:
             raise ConfigError(why)
 
 
-def check_flag(flag: str, key: str, value: Any) -> None:
+def check_flag(flag: str, key: str | Range, value: Any) -> None:
     """A command-line flag that sets what config key ``key`` sets (``spade eval --n``): the
-    same range, the same line, naming the flag."""
-    if key in URLS:
+    same range (or a ``Range`` of its own), the same line, naming the flag."""
+    if isinstance(key, str) and key in URLS:
         if value is not None and (why := url_problem(value)) is not None:
             raise ConfigError(f"{flag} = {value!r} is out of range: must be {why}")
         return
-    bound = BOUNDS[key]
+    bound = key if isinstance(key, Range) else BOUNDS[key]
     if (isinstance(value, (int, float)) and not isinstance(value, bool)) and not bound.holds(value):
         raise ConfigError(f"{flag} = {value!r} is out of range: must be {bound}")

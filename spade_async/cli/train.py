@@ -51,6 +51,9 @@ def main(argv: list[str]) -> int:
         "than 0 runs only its trainer ranks",
     )
     args = p.parse_args(argv)
+    from spade_async.config_bounds import TOKENS, Range, check_flag
+
+    check_flag("--sample-tokens", Range(1, TOKENS, also=(0,)), args.sample_tokens)  # 0: default
     if args.node_rank is not None:
         args.overrides.append(f"placement.node_rank={args.node_rank}")
     run_dir = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.config))

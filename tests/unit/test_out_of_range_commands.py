@@ -131,3 +131,8 @@ def test_plan_refuses_cost_files_that_are_not_text_files(capsys, tmp_path):
 )
 def test_plan_refuses_flags_out_of_range(capsys, flags, line):
     _refused(capsys, ["plan", BIG, "--throughput", *flags], line)
+
+
+def test_train_dry_run_refuses_a_negative_sample(capsys):
+    _refused(capsys, ["train", BIG, "--dry-run", "--sample-tokens=-5"],
+             "--sample-tokens = -5 is out of range: must be 0 or in [1, ")  # fmt: skip
