@@ -34,6 +34,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.n < 1:
         raise UsageError(f"-n {args.n}: ask for at least 1 document")
+    from spade_async.config_bounds import check_flag  # the recipe's ranges, the same line
+
+    check_flag("--seed", "seed", args.seed)  # numpy refuses a negative seed with a traceback
+    check_flag("--max-words", "corpus.max_words", args.max_words)
     cfg = CorpusConfig(path=args.path, max_words=args.max_words)
     with open_corpus(cfg) as corpus:
         if corpus.warning:

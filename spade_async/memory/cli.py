@@ -124,6 +124,8 @@ def _print_json(obj) -> None:
 
 
 def _ls(store: MemoryStore, args) -> None:
+    if args.limit is not None and args.limit < 0:  # -1 listed nothing, exit 0
+        raise ConfigError(f"--limit = {args.limit} is out of range: must be >= 0")
     rows = [row(r) for r in store.records(status=args.status, skill=args.skill, limit=args.limit)]
     if args.json:
         _print_json(rows)

@@ -136,3 +136,16 @@ def test_plan_refuses_flags_out_of_range(capsys, flags, line):
 def test_train_dry_run_refuses_a_negative_sample(capsys):
     _refused(capsys, ["train", BIG, "--dry-run", "--sample-tokens=-5"],
              "--sample-tokens = -5 is out of range: must be 0 or in [1, ")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["corpus", "sample", "embedded", "--seed=-1"], "--seed = -1 is out of range: must be in [0, "),
+        (["corpus", "sample", "embedded", "--max-words=-5"], "--max-words = -5 is out of range"),
+        (["memory", "ls", "--run", str(ROOT / "tests" / "fixtures" / "demo_run"), "--limit=-1"],
+         "--limit = -1 is out of range: must be >= 0"),
+    ],
+)  # fmt: skip
+def test_corpus_and_memory_flags_are_range_checked(capsys, argv, line):
+    _refused(capsys, argv, line)
