@@ -129,8 +129,9 @@ class TrainerProcess:
         if code is None:
             return None
         cause = failure.recorded_cause(self.error_dir, since=self.started_at)
-        if cause is None:  # killed, or died before Python ran: the log's last error line
-            cause = failure.log_cause(self.log_path) or "no exception recorded"
+        if cause is None or cause.startswith("unreadable record"):  # killed, died before
+            said = failure.log_cause(self.log_path)  # Python ran, or a record we cannot read
+            cause = "; ".join(c for c in (cause, said) if c) or "no exception recorded"
         return f"trainer ranks exited with status {code}: {cause}; log: {self.log_path}"
 
     def stop(self, timeout: float = 30.0) -> int | None:

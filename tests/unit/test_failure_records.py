@@ -138,3 +138,23 @@ def test_error_line_reads_long_text_lines_and_escapes():
     text = "ok\nRuntimeError: " + "\x07" * 10 + "b" * 100_000 + "\n"
     said = failure.error_line(text)
     assert said.startswith("RuntimeError: \\x07") and len(said) <= failure.MAX_MESSAGE * 4
+
+
+def test_a_dead_trainer_with_a_malformed_record_is_one_line_with_its_log_cause(tmp_path):
+    """The controller's failure path: TrainerProcess.alive() with a record of the wrong shape
+    names it and still gives the log's last error line; never a traceback."""
+    from types import SimpleNamespace
+
+    from spade_async.trainer.config import TrainerConfig
+    from spade_async.trainer.launch import TrainerProcess
+
+    proc = TrainerProcess(TrainerConfig(), "model", tmp_path / "run", nproc=1)
+    proc.proc = SimpleNamespace(poll=lambda: 1)
+    proc.error_dir.mkdir(parents=True)
+    _write(proc.error_dir / "trainer rank 0-7.json", MALFORMED["who null"])
+    proc.log_path.write_text("INFO x\nRuntimeError: " + "long " * 50_000 + "\n")
+    why = proc.alive()
+    assert why.startswith("trainer ranks exited with status 1: unreadable record ")
+    assert "trainer rank 0-7.json; RuntimeError: long long" in why and "\n" not in why
+    _write(proc.error_dir / "trainer rank 0-7.json", json.dumps(GOOD))
+    assert proc.alive().startswith("trainer ranks exited with status 1: trainer rank 0: Runtime")
