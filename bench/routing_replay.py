@@ -2,7 +2,8 @@
 
     python bench/routing_replay.py [--quick] [--save]
 
-A tiny random Qwen3-MoE (``models.tiny_moe_dir``: 2 layers, 8 experts, top-2) is served by
+A tiny random Qwen3-MoE (``models.tiny_moe_dir``: 2 layers, 8 experts, top-2, top-k weights
+renormalised: ``norm_topk_prob = True`` as the 30B recipes' models) is served by
 the CPU engine in bfloat16 with ``--enable-return-routed-experts``; the fp32 trainer trains
 on its samples (several micro-batches a step; lr 0, so every step sees the same weights).
 Measured per step: ``route_mismatch`` (share of token x layer routes whose experts the
@@ -13,7 +14,10 @@ time of the same samples without routes and without replay (the run with replay 
 
 Targets (issue 35): with replay ``route_mismatch`` = 0 on every micro-batch; without, > 0;
 k3 with replay < without; step time replay / no replay <= 1.05 (medians of steps taken in
-ABBA order; the machine is shared, so a single pair is noise). The last line printed is one JSON object; ``--save`` writes
+ABBA order; the machine is shared, so a single pair is noise). Issue 42: with replay
+``route_replayed_share`` = 1.0 on every step; a step whose MoE layer 1 router sees one token
+fewer than the micro-batch (a simulated layout bug) has a lower share and logs the one-line
+warning. The last line printed is one JSON object; ``--save`` writes
 ``bench/results/routing_replay.json``.
 """
 
@@ -86,11 +90,39 @@ def step(trainer, samples: list[Sample], *, replay: bool) -> dict:
     return m
 
 
+def layout_miss_step(trainer, samples: list[Sample]) -> tuple[dict, bool]:
+    """One replayed step whose layer-1 router sees the micro-batch less its last token (a
+    simulated packing bug), padded back after the replay hook so the block still runs: the
+    step's metrics, and whether the low-share warning was logged."""
+    import logging
+
+    gate = trainer.model.causal_lm.model.layers[1].mlp.gate
+    forward = gate.forward
+    gate.forward = lambda h: forward(h.reshape(-1, h.shape[-1])[:-1])
+    handle = gate.register_forward_hook(lambda _m, _a, out: tuple(torch.cat([t, t[-1:]]) for t in out))
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("spade_async.trainer.routing")
+    catch = Catch(logging.WARNING)
+    log.addHandler(catch)
+    try:
+        m = step(trainer, samples, replay=True)
+    finally:
+        gate.forward = forward
+        handle.remove()
+        log.removeHandler(catch)
+    return m, any("replayed this step" in line for line in seen)
+
+
 def run(args) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="r3-bench-"))
-    model = tiny_moe_dir(tmp / "moe")
+    model = tiny_moe_dir(tmp / "moe", norm_topk_prob=True)
     shape = route_shape(json.loads((model / "config.json").read_text()))
     n, new_tokens = (16, 24) if args.quick else (48, 48)
     app = make_engine_app(str(model), dtype="bfloat16", routed_experts=True)
@@ -110,10 +142,12 @@ def run(args) -> dict:
         for into, batch, replay in pair if i % 2 == 0 else pair[::-1]:
             into.append(step(trainer, batch, replay=replay))
     measured_off.append(step(trainer, samples, replay=False))
+    dropped, warned = layout_miss_step(trainer, samples)
     t_on = statistics.median(m["wall_s"] for m in on)
     t_off = statistics.median(m["wall_s"] for m in off)
     with_r, without = on[-1], measured_off[-1]
     max_on = max(m["route_mismatch_max_micro"] for m in on)
+    share_on = min(m["route_replayed_share"] for m in on)
     targets = {
         "route_mismatch_with_replay_every_micro_batch": {
             "target": "= 0", "measured": max_on, "met": max_on == 0.0,
@@ -126,6 +160,15 @@ def run(args) -> dict:
             "target": "with < without",
             "measured": {"with": with_r["mismatch_kl"], "without": without["mismatch_kl"]},
             "met": with_r["mismatch_kl"] < without["mismatch_kl"],
+        },
+        "route_replayed_share_with_replay_every_step": {
+            "target": "= 1.0", "measured": share_on, "met": share_on == 1.0,
+        },
+        "layout_miss_lowers_share_and_warns": {
+            "target": "share < 1.0 and one warning line",
+            "measured": {"share": dropped["route_replayed_share"], "warned": warned,
+                         "route_free_layout": dropped["route_free_layout"]},
+            "met": dropped["route_replayed_share"] < 1.0 and warned,
         },
         "step_time_ratio_replay_over_no_replay": {
             "target": "<= 1.05", "measured": round(t_on / t_off, 4), "met": t_on / t_off <= 1.05,
@@ -143,7 +186,8 @@ def run(args) -> dict:
             "tokens": sum(len(s.token_ids) for s in samples),
             "micro_batches": with_r["micro_batches"],
         },  # fmt: skip
-        "replay": {k: with_r[k] for k in ("route_mismatch", "route_drift", "mismatch_kl")},
+        "replay": {k: with_r[k] for k in ("route_mismatch", "route_drift", "mismatch_kl",
+                                          "route_replayed_share")},
         "no_replay": {k: without[k] for k in ("route_mismatch", "route_drift", "mismatch_kl")},
         "step_s": {"replay": round(t_on, 4), "no_replay": round(t_off, 4)},
         "targets": targets,
