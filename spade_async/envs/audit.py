@@ -50,7 +50,7 @@ class AuditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     min_per_group: Doc(
         int,
         "scripted plays in every group of 2 or more slots whatever the share (an "
-        "environment's first 2 groups have at least 2: one of each kind)",
+        "environment's first 2 groups of 4 slots or more have at least 2: one of each kind)",
     ) = 1
     garbage_replies: Doc(
         int, "policy replies remembered per environment as garbage for the others' audits"

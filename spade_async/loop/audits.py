@@ -211,10 +211,12 @@ def group_plan(
 ) -> tuple[dict[int, Pace], dict[int, tuple[int, str]]]:
     """For a group of ``n`` no-hint slots of ``env_id``: the paces of the real plays that
     pace a scripted one (slot -> Pace) and the scripted slots (slot -> (the real slot
-    pacing it, its kind)). An environment's first ``NEW_GROUPS`` groups have two."""
+    pacing it, its kind)). An environment's first ``NEW_GROUPS`` groups have two when
+    the group has 4 slots or more (a GRPO group keeps 2 real plays)."""
     cfg, aud = audit_config(rt), auditor(rt)
     new = aud.groups.get(env_id, 0) < NEW_GROUPS and cfg.share > 0
-    minimum = max(cfg.min_per_group, 2) if new else cfg.min_per_group
+    # two (one of each kind) in a new environment's groups that keep 2 real plays or more
+    minimum = max(cfg.min_per_group, 2) if new and n >= 4 else cfg.min_per_group
     scripted = plan_slots(aud.rng, n, cfg.share, minimum)
     if not scripted:
         return {}, {}
