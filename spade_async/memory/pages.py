@@ -179,11 +179,15 @@ class Pages:
         return None
 
     def big_value(self, pgno: int, size: int) -> bytes | None:
-        """The ``size``-byte value in the overflow run at ``pgno`` (None: no such run)."""
+        """The ``size``-byte value in the overflow run at ``pgno`` (None: no such run, or
+        read already: the older meta's tree shares the newest one's unchanged runs, and a
+        damaged tree naming one run many times costs one read)."""
+        if pgno in self.values:
+            return None
         n = self.overflow(pgno)
         if n is None or n < ovpages(size, self.psize):
             return None
-        self.values[pgno] = max(n, self.values.get(pgno, 0))
+        self.values[pgno] = n
         start = pgno * self.psize + PAGEHDR
         self.work += size
         value = self.data[start : start + size]
