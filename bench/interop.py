@@ -69,8 +69,12 @@ def main() -> None:
     secs, outcomes, _ = _import(f"rg:{','.join(names)}?size={size}")
     passed = [o for o in outcomes if o.outcome == "accepted"]
     made = {o.path.split("?")[0][3:] for o in outcomes}
-    failures = [f"{o.path}: {o.stage}: {o.reason[:200]}" for o in outcomes if o.outcome != "accepted"]
-    failures += [f"rg:{n}: no entry survived (see the import's notes)" for n in names if n not in made]
+    failures = [
+        f"{o.path}: {o.stage}: {o.reason[:200]}" for o in outcomes if o.outcome != "accepted"
+    ]
+    failures += [
+        f"rg:{n}: no entry survived (see the import's notes)" for n in names if n not in made
+    ]
     share = len(passed) / len(names)
 
     t_secs, t_outcomes, loaded = _import(THOUSAND)
@@ -81,16 +85,31 @@ def main() -> None:
         "bench": "interop",
         "hardware": machine(),
         "load_average": os.getloadavg(),
-        "pool": {"datasets": len(names), "problems_each": size, "seconds": round(secs, 1),
-                 "failures": failures},  # fmt: skip
-        "thousand": {"value": THOUSAND, "items": n_items, "environments": len(items),
-                     "accepted": sum(o.outcome == "accepted" for o in t_outcomes),
-                     "seconds": round(t_secs, 1), "left_out": len(notes)},  # fmt: skip
+        "pool": {
+            "datasets": len(names),
+            "problems_each": size,
+            "seconds": round(secs, 1),
+            "failures": failures,
+        },  # fmt: skip
+        "thousand": {
+            "value": THOUSAND,
+            "items": n_items,
+            "environments": len(items),
+            "accepted": sum(o.outcome == "accepted" for o in t_outcomes),
+            "seconds": round(t_secs, 1),
+            "left_out": len(notes),
+        },  # fmt: skip
         "targets": {
-            "rg_pool_gate_pass_rate": {"target": ">= 0.95", "measured": round(share, 3),
-                                       "met": share >= 0.95},  # fmt: skip
-            "import_1000_items_s": {"target": "< 60", "measured": round(t_secs, 1),
-                                    "met": t_secs < 60 and t_ok and n_items >= 1000},  # fmt: skip
+            "rg_pool_gate_pass_rate": {
+                "target": ">= 0.95",
+                "measured": round(share, 3),
+                "met": share >= 0.95,
+            },  # fmt: skip
+            "import_1000_items_s": {
+                "target": "< 60",
+                "measured": round(t_secs, 1),
+                "met": t_secs < 60 and t_ok and n_items >= 1000,
+            },  # fmt: skip
         },
     }
     line = json.dumps(out)

@@ -167,9 +167,7 @@ async def import_files(
 
             # a library's import (reasoning-gym, gem) takes seconds in a fresh worker
             budget = {"open_timeout_s": PACKAGE_OPEN_S, "call_timeout_s": 10.0} if packages else {}
-            pool = await stack.enter_async_context(
-                EnvPool(PoolConfig(packages=packages, **budget))
-            )
+            pool = await stack.enter_async_context(EnvPool(PoolConfig(packages=packages, **budget)))
         elif missing := sorted(set(packages) - set(pool.config.packages)):
             raise SourceError(
                 f"{src!r} runs code that imports {missing[0]!r} in the sandbox: add it to "

@@ -62,7 +62,9 @@ def test_source_imports_and_trains_one_step(scheme, tiny_model, tmp_path):
     with MemoryStore(run_dir.memory, cfg.memory) as store:
         records = list(store.records())
     assert records and all(r.valid for r in records), [(r.stage, r.reason) for r in records]
-    assert all(r.origin.kind == "pool" and r.origin.source.startswith(f"{scheme}:") for r in records)
+    assert all(
+        r.origin.kind == "pool" and r.origin.source.startswith(f"{scheme}:") for r in records
+    )
     assert run_dir.latest_checkpoint()[0] == 1
     assert sum(r.stats.plays_nohint for r in records) > 0
 

@@ -52,7 +52,10 @@ def test_scheme_parsing_and_bad_values():
 
 
 def test_literal_admits_plain_data_only():
-    assert eval(literal({"a": (1, 2.5, None), "b": ["x", {3}]})) == {"a": (1, 2.5, None), "b": ["x", {3}]}
+    assert eval(literal({"a": (1, 2.5, None), "b": ["x", {3}]})) == {
+        "a": (1, 2.5, None),
+        "b": ["x", {3}],
+    }
     with pytest.raises(ValueError, match="not plain data"):
         literal(object())
     with pytest.raises(ValueError, match="not plain data"):

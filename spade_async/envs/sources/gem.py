@@ -11,16 +11,18 @@ from __future__ import annotations
 from spade_async.envs.sources import Item, Source, check_options, int_option, require
 from spade_async.envs.sources.hub import probe, wrapper
 
-_MAKE = '''def _make():
+_MAKE = """def _make():
     return gem.make(ENV_ID)
-'''
+"""
 
 
 def items(src: Source) -> tuple[list[Item], list[str]]:
     check_options(src, {"max_turns"})
     max_turns = int_option(src, "max_turns", 50, 1, 1000)
     require(src.value, "gem", install="gem-llm")
-    probe(src.value, "gem", src.target, "check the id (gem.envs.registration.ENV_REGISTRY lists them)")
+    probe(
+        src.value, "gem", src.target, "check the id (gem.envs.registration.ENV_REGISTRY lists them)"
+    )
     skill = f"gem-{src.target}"[:200]
     code = wrapper(
         what="GEM", imports="import gem", make=_MAKE, env_id=src.target, origin=src.value,

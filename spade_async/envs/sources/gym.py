@@ -15,9 +15,9 @@ import importlib.metadata
 from spade_async.envs.sources import Item, Source, SourceError, check_options, int_option, require
 from spade_async.envs.sources.hub import probe, wrapper
 
-_MAKE = '''def _make():
+_MAKE = """def _make():
     return gymnasium.make(ENV_ID, disable_env_checker=True)
-'''
+"""
 
 
 def items(src: Source) -> tuple[list[Item], list[str]]:

@@ -23,8 +23,16 @@ import os
 import subprocess
 import sys
 
-from spade_async.envs.sources import Item, Source, SourceError, check_options, class_name
-from spade_async.envs.sources import int_option, literal, require
+from spade_async.envs.sources import (
+    Item,
+    Source,
+    SourceError,
+    check_options,
+    class_name,
+    int_option,
+    literal,
+    require,
+)
 from spade_async.envs.sources.answers import boxed
 
 GEN_TIMEOUT_S = 600
@@ -82,7 +90,7 @@ class {cls}:
 def source(dataset: str, entries: list[dict], *, origin: str, seed: int, size: int,
            attempts: int) -> str:  # fmt: skip
     head = [
-        f'"""reasoning-gym dataset, imported by spade-async (spade_async/envs/sources/rg.py).',
+        '"""reasoning-gym dataset, imported by spade-async (spade_async/envs/sources/rg.py).',
         "",
         "One task per seed; reasoning-gym's own score_answer is the reward; solution() is the",
         'dataset\'s own answer. Every value below is a literal written by the importer."""',
