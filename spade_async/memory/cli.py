@@ -188,7 +188,7 @@ def _export(store: MemoryStore, args) -> None:
         if args.json:
             _print_json(out)
         else:
-            print(f"exported {term(what)}\n{package.NOTE}")
+            print(f"exported {term(what)}\n{out.get('note', package.NOTE)}")
         return
     dest.mkdir(parents=True, exist_ok=True)
     n = 0

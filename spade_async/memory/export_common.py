@@ -26,6 +26,14 @@ import msgspec
 from spade_async.memory import package
 from spade_async.memory.records import EnvRecord, safe_id
 
+NOTE = (
+    "WARNING: every environment in this package is model-written code (a SPADE designer "
+    "model wrote it during training). It passed spade-async's validation gates, which are "
+    "checks, not a security review. With spade-async installed the environments run in its "
+    "sandbox; without it they refuse to run unless you set SPADE_ALLOW_UNSANDBOXED=1, which "
+    "runs them in your process, with a warning."
+)
+
 
 def packages_of(rec: EnvRecord) -> list[str]:
     """Distributions an imported environment's code imports in the sandbox (none if generated)."""

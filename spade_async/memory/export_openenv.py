@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spade_async.memory.export_common import environments_literal, write_envs
-from spade_async.memory.package import NOTE
+from spade_async.memory.export_common import NOTE, environments_literal, write_envs
 from spade_async.memory.records import EnvRecord
 
 _MODELS = '''"""Typed action, observation and state of the exported SPADE environments."""
@@ -182,4 +181,4 @@ def export_openenv(records: list[EnvRecord], dest: Path, *, run_dir: Path,
         "`reset(env=NAME, seed=S)`, `step(SpadeAction(text=...))`, `state()`.\n\n"
         f"Environments:\n\n{names}\n"
     )
-    return {"package": pkg, "environments": len(metas), "dest": str(dest)}
+    return {"package": pkg, "environments": len(metas), "dest": str(dest), "note": NOTE}

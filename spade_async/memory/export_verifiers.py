@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spade_async.memory.export_common import environments_literal, write_envs
-from spade_async.memory.package import NOTE
+from spade_async.memory.export_common import NOTE, environments_literal, write_envs
 from spade_async.memory.records import EnvRecord
 
 _INIT = '''{note!r}
@@ -144,4 +143,4 @@ def export_verifiers(records: list[EnvRecord], dest: Path, *, run_dir: Path,
         "A multi-turn environment, one task per seed; the reward is the environment's own.\n\n"
         f"Environments:\n\n{names}\n"
     )
-    return {"package": pkg, "environments": len(metas), "dest": str(dest)}
+    return {"package": pkg, "environments": len(metas), "dest": str(dest), "note": NOTE}
