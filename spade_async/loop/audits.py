@@ -139,11 +139,15 @@ def drop_quarantined(rt: Runtime, episodes: list[Episode]) -> list[Episode]:
 
 
 async def run_scripted(
-    rt: Runtime, env: EnvRef, seed: int, pace: Pace, limiter: anyio.CapacityLimiter, kind: str
-) -> ScriptedResult | None:
+    rt: Runtime, env: EnvRef, seed: int, pace: Pace, limiter: anyio.CapacityLimiter, kind: str,
+    garbage: list[str],
+) -> ScriptedResult | None:  # fmt: skip
     """One scripted slot of ``env``'s group, paced by ``pace``'s real play, and its verdict.
-    None when no kind could run. Never raises for the environment."""
+    ``garbage``: the replies to other environments when the group was planned (a snapshot:
+    the same in a rerun of the same seed, whatever order plays finish in). None when no
+    kind could run. Never raises for the environment."""
     aud = auditor(rt)
+    rng = random.Random(f"{getattr(rt.cfg, 'seed', 0)}:{env.env_id}:{seed}")  # per slot
     cfg = rt.cfg.agent
     await pace.opened.wait()  # the paired real play holds a slot: no wait on one held here
     if is_quarantined(rt, env.env_id):
@@ -152,8 +156,7 @@ async def run_scripted(
     fetch_calls = 0
     for k in (kind, "garbage" if kind == "solution" else "solution"):
         if k == "garbage":
-            pool_ = aud.garbage_pool(env.env_id)
-            actions = pick_garbage(aud.rng, pool_, cfg.max_turns) if pool_ else None
+            actions = pick_garbage(rng, garbage, cfg.max_turns) if garbage else None
         else:
             actions, calls, fault, error = await solution_for(
                 rt.pool, env.source, env.env_id, seed
@@ -208,10 +211,10 @@ async def judge(rt: Runtime, res: ScriptedResult) -> None:
 
 def group_plan(
     rt: Runtime, env_id: str, n: int
-) -> tuple[dict[int, Pace], dict[int, tuple[int, str]]]:
+) -> tuple[dict[int, Pace], dict[int, tuple[int, str, list[str]]]]:
     """For a group of ``n`` no-hint slots of ``env_id``: the paces of the real plays that
     pace a scripted one (slot -> Pace) and the scripted slots (slot -> (the real slot
-    pacing it, its kind)). An environment's first ``NEW_GROUPS`` groups have two when
+    pacing it, its kind, the garbage it may draw from)). An environment's first ``NEW_GROUPS`` groups have two when
     the group has 4 slots or more (a GRPO group keeps 2 real plays)."""
     cfg, aud = audit_config(rt), auditor(rt)
     new = aud.groups.get(env_id, 0) < NEW_GROUPS and cfg.share > 0
@@ -222,6 +225,9 @@ def group_plan(
         return {}, {}
     real = [i for i in range(n) if i not in scripted]
     kinds = aud.kinds_for(env_id, len(scripted))
-    pairs = {i: (aud.rng.choice(real), kind) for i, kind in zip(scripted, kinds, strict=True)}
-    paces = {j: Pace() for j, _ in pairs.values()}
+    garbage = aud.garbage_pool(env_id)
+    pairs = {
+        i: (aud.rng.choice(real), kind, garbage) for i, kind in zip(scripted, kinds, strict=True)
+    }
+    paces = {j: Pace() for j, _, _ in pairs.values()}
     return paces, pairs

@@ -163,8 +163,10 @@ async def play(
                 + ([(s, hint) for s in seeds[: cfg.plays_hint]] if hint else [])
             ):
                 if i in scripted:  # paced by a real sibling's turns; never trained
-                    pacer, kind = scripted[i]
-                    tg.start_soon(audits.run_scripted, rt, env, seed, paces[pacer], limiter, kind)
+                    pacer, kind, garbage = scripted[i]
+                    tg.start_soon(
+                        audits.run_scripted, rt, env, seed, paces[pacer], limiter, kind, garbage
+                    )
                 else:
                     tg.start_soon(one, env, seed, h, slots, paces.get(i) if h is None else None)
                 slots += 1
