@@ -154,23 +154,41 @@ def test_import_rg_through_the_gates(tmp_path, capsys):
     assert (rec.origin.kind, rec.origin.source) == ("import", "rg:leg_counting?seed=42&size=4#0:4")
 
 
-def test_a_crashing_hub_env_is_rejected_not_raised(tmp_path):
-    """A source whose code fails inside the sandbox is a rejected record, never an error."""
+@pytest.mark.parametrize(
+    "make, stages",
+    [
+        ("def _make():\n    import os\n    os._exit(3)\n", ("crash", "load")),
+        ("def _make():\n    while True:\n        pass\n", ("timeout",)),
+    ],
+    ids=["crashes", "hangs"],
+)
+def test_a_misbehaving_hub_env_is_rejected_not_raised(tmp_path, make, stages):
+    """A source whose code crashes or hangs inside the sandbox is a rejected record, never an
+    error: the gates judge it as they judge a generated environment."""
+    from spade_async.envs.pool import EnvPool, PoolConfig
     from spade_async.envs.sources import Item
     from spade_async.memory.importer import Loaded, import_files
     from spade_async.memory.store import MemoryStore
 
     code = hub.wrapper(
-        what="Gymnasium", imports="import gymnasium", make="def _make():\n    import os\n    os._exit(3)\n",
-        env_id="Crash-v0", origin="gym:Crash-v0", skill="gym-crash", max_turns=3,
+        what="Gymnasium", imports="import gymnasium", make=make, env_id="Bad-v0",
+        origin="gym:Bad-v0", skill="gym-bad", max_turns=3,
     )  # fmt: skip
-    loaded = Loaded(value="gym:Crash-v0", items=[Item(code=code, origin="gym:Crash-v0",
-                    skill="gym-crash")], notes=[], packages=("gymnasium",))  # fmt: skip
+    loaded = Loaded(
+        value="gym:Bad-v0", items=[Item(code=code, origin="gym:Bad-v0", skill="gym-bad")],
+        notes=[], packages=("gymnasium",),
+    )  # fmt: skip
+
+    async def run(store):
+        config = PoolConfig(packages=("gymnasium",), open_timeout_s=3.0, max_workers=2)
+        async with EnvPool(config) as pool:
+            return await import_files(store, loaded, pool=pool)
+
     with MemoryStore(tmp_path / "memory.lmdb") as store:
-        (out,) = anyio.run(lambda: import_files(store, loaded))
-        assert out.outcome == "rejected" and out.stage in ("crash", "load")
+        (out,) = anyio.run(run, store)
+        assert out.outcome == "rejected" and out.stage in stages, (out.stage, out.reason)
         (rec,) = list(store.records())
-        assert not rec.valid and rec.origin.source == "gym:Crash-v0"
+        assert not rec.valid and rec.origin.source == "gym:Bad-v0"
 
 
 def test_recipe_checks_the_pool_binds_the_source(tmp_path):
