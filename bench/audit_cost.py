@@ -39,7 +39,7 @@ from spade_async import recipe  # noqa: E402
 from spade_async.envs.audit import AuditConfig  # noqa: E402
 from spade_async.envs.pool import EnvPool, PoolConfig  # noqa: E402
 from spade_async.generation.client import GenerateResult  # noqa: E402
-from spade_async.loop import audits, cycle  # noqa: E402
+from spade_async.loop import cycle  # noqa: E402
 from spade_async.loop.runtime import ControllerState  # noqa: E402
 from spade_async.memory.records import Origin, make_record  # noqa: E402
 from spade_async.memory.store import MemoryStore  # noqa: E402
@@ -151,9 +151,7 @@ def main() -> None:
     tok = __import__("transformers").AutoTokenizer.from_pretrained(
         tokenizer_dir("smollm2-135m-instruct")
     )
-    rows = [
-        anyio.run(_one, s, paths, slots, steps, turns, gap, tok) for s in shares
-    ]
+    rows = [anyio.run(_one, s, paths, slots, steps, turns, gap, tok) for s in shares]
     base = rows[0]["env_calls"]
     for r in rows:
         r["extra_env_calls_pct"] = round(100 * (r["env_calls"] / base - 1), 2)
@@ -162,20 +160,29 @@ def main() -> None:
     d = next(r for r in rows if r["share"] == default)
     out = {
         "hardware": machine(),
-        "setup": {"environments": len(paths), "slots_per_group": slots, "steps": steps,
-                  "max_turns": turns, "engine_gap_s": gap, "shares": shares},  # fmt: skip
+        "setup": {
+            "environments": len(paths),
+            "slots_per_group": slots,
+            "steps": steps,
+            "max_turns": turns,
+            "engine_gap_s": gap,
+            "shares": shares,
+        },  # fmt: skip
         "rows": rows,
         "targets": {
             "extra_env_calls_pct_at_default": {
-                "target": "<= 8", "measured": d["extra_env_calls_pct"],
+                "target": "<= 8",
+                "measured": d["extra_env_calls_pct"],
                 "met": d["extra_env_calls_pct"] <= 8,
             },
             "engine_calls_by_audits": {
-                "target": 0, "measured": d["engine_calls_by_audits"],
+                "target": 0,
+                "measured": d["engine_calls_by_audits"],
                 "met": all(r["engine_calls_by_audits"] == 0 for r in rows),
             },
             "false_quarantines": {
-                "target": 0, "measured": sum(len(r["quarantined"]) for r in rows),
+                "target": 0,
+                "measured": sum(len(r["quarantined"]) for r in rows),
                 "met": not any(r["quarantined"] for r in rows),
             },
         },  # fmt: skip

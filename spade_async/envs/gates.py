@@ -28,8 +28,7 @@ from collections.abc import Callable
 
 import anyio
 
-from spade_async.envs.garbage import REFERENCE_PROBE, garbage_plays, random_seeds
-from spade_async.envs.garbage import solution_actions
+from spade_async.envs.garbage import REFERENCE_PROBE, garbage_plays, random_seeds, solution_actions
 from spade_async.envs.pool import EnvError, EnvPool
 
 __all__ = ["Gates", "Reject"]
@@ -101,9 +100,7 @@ class Gates:
         may be made from the first observation and the tools). ``first``: this reset is the
         reset gate (its observation must not be empty)."""
         self.stage = "load"
-        inst = await self.call(
-            self.pool.open(self.source, env_id=env_id, env_class=self.env_class)
-        )
+        inst = await self.call(self.pool.open(self.source, env_id=env_id, env_class=self.env_class))
         self.plays += 1
         try:
             self.stage = "reset" if first else stage
@@ -147,7 +144,7 @@ class Gates:
         for seed in self.seeds:
             made: list[list[str]] = []
 
-            def first_play(obs: str, tools: list[dict], seed: int = seed) -> list[str]:
+            def first_play(obs: str, tools: list[dict], seed: int = seed, made=made) -> list[str]:
                 made.extend(garbage_plays(self.rng, obs, tools, self.cfg, long=seed == long_seed))
                 return made[0]
 

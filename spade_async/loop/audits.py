@@ -25,8 +25,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from spade_async.envs.audit import AuditConfig, Pace, ScriptedResult, pick_garbage, scripted_play
-from spade_async.envs.audit import solution_for
+from spade_async.envs.audit import (
+    AuditConfig,
+    Pace,
+    ScriptedResult,
+    pick_garbage,
+    scripted_play,
+    solution_for,
+)
 
 if TYPE_CHECKING:
     from spade_async.loop.runtime import Runtime
@@ -158,9 +164,7 @@ async def run_scripted(
         if k == "garbage":
             actions = pick_garbage(rng, garbage, cfg.max_turns) if garbage else None
         else:
-            actions, calls, fault, error = await solution_for(
-                rt.pool, env.source, env.env_id, seed
-            )
+            actions, calls, fault, error = await solution_for(rt.pool, env.source, env.env_id, seed)
             fetch_calls += calls
             if fault:
                 res = ScriptedResult(kind="solution", env_id=env.env_id, seed=seed, fault=fault,

@@ -27,7 +27,6 @@ from spade_async.memory.records import Origin, make_record
 from spade_async.memory.sampling import replay_sample
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
-from spade_async.roles.agent import EnvRef
 from spade_async.telemetry.metrics import Meters
 
 ROOT = Path(__file__).parents[2]
@@ -82,7 +81,8 @@ class _Tel:
 
 
 def _record(path: Path):
-    return make_record(path.read_text(), origin=Origin(kind="pool"), valid=True, stage="ok", skill="games"
+    return make_record(
+        path.read_text(), origin=Origin(kind="pool"), valid=True, stage="ok", skill="games"
     )
 
 
@@ -99,7 +99,9 @@ async def _runtime(tmp_path: Path, pool: EnvPool, store: MemoryStore, writer, to
     )  # fmt: skip
 
 
-def _train_rounds(tmp_path, tokenizer_path, hostile: Path, rounds: int, max_turns: int):
+def _train_rounds(
+    tmp_path, tokenizer_path, hostile: Path, rounds: int, max_turns: int, call_timeout_s=5.0
+):
     """``rounds`` play groups of the hostile environment beside an honest one, as the sync
     schedule plays them (one cycle.play per step). Returns (verdict, runtime, episodes,
     the round it was quarantined in or None, its memory record)."""
@@ -111,7 +113,8 @@ def _train_rounds(tmp_path, tokenizer_path, hostile: Path, rounds: int, max_turn
     async def main():
         # one worker per environment: a group's instances share it, as a fast environment's
         # do (spread over workers, an instance-count-aware one is unfair only in some)
-        async with EnvPool(PoolConfig(max_workers=6, prewarm=1, workers_per_env=1)) as pool:
+        pc = PoolConfig(max_workers=6, prewarm=1, workers_per_env=1, call_timeout_s=call_timeout_s)
+        async with EnvPool(pc) as pool:
             verdict = await validate_source(hostile.read_text(), pool=pool, setting="games")
             with MemoryStore(tmp_path / "memory.lmdb") as store:
                 writer = MemoryWriter(store)
@@ -180,7 +183,10 @@ def test_honest_environments_are_never_quarantined(tmp_path, tokenizer_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    recs = [_record(ROOT / "spade_async/envs/examples" / n) for n in ("mastermind.py", "modular_lock.py")]
+    recs = [
+        _record(ROOT / "spade_async/envs/examples" / n)
+        for n in ("mastermind.py", "modular_lock.py")
+    ]
 
     async def main():
         async with EnvPool(PoolConfig(max_workers=6, prewarm=1)) as pool:
@@ -190,7 +196,9 @@ def test_honest_environments_are_never_quarantined(tmp_path, tokenizer_path):
                     await tg.start(writer.run)
                     for r in recs:
                         await writer.put(r)
-                    rt = await _runtime(tmp_path, pool, store, writer, tok, **{"agent.max_turns": 6})
+                    rt = await _runtime(
+                        tmp_path, pool, store, writer, tok, **{"agent.max_turns": 6}
+                    )
                     envs = cycle.env_refs(rt, [r.id for r in recs])
                     for step in range(3):
                         rt.state.step = step
@@ -241,13 +249,17 @@ def test_quarantine_survives_reopen_and_shows_in_memory_ls(tmp_path):
     assert row["status"] == "quarantined" and row["quarantine_step"] == 7
 
 
-def test_crash_under_audit_is_an_environment_failure(tmp_path, tokenizer_path):
-    """An environment whose step() kills its worker during a scripted play is quarantined
-    (audit_fault), and the call returns normally."""
+@pytest.mark.parametrize(
+    "name, kind", [("crash_in_training", "crash"), ("hang_in_training", "timeout")]
+)
+def test_crash_or_hang_under_audit_is_an_environment_failure(tmp_path, tokenizer_path, name, kind):
+    """An environment whose step() kills its worker, or never returns, during a scripted
+    play is quarantined (audit_fault, naming the failure), and the loop goes on."""
     verdict, rt, episodes, kept, caught, bad, good = _train_rounds(
-        tmp_path, tokenizer_path, TRAINING / "crash_in_training.py", 2, 5
+        tmp_path, tokenizer_path, TRAINING / f"{name}.py", 2, 5, call_timeout_s=1.5
     )
     assert caught is not None and bad.quarantine.startswith("audit_fault"), bad.quarantine
+    assert kind in bad.quarantine or "lost" in bad.quarantine, bad.quarantine
     assert good.status == "valid"
 
 
