@@ -132,7 +132,7 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
 
 
 def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
-              steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None) -> dict:  # fmt: skip
+              steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1) -> dict:  # fmt: skip
     """``path``'s table on 8 x ``gpu`` in steady state (``sim/throughput.py``); ``full``:
     ``stalenesses``, else the recipe's own. ``quick``: 4+4 and colocated at max_staleness 1,
     9 steps: too short for a steady state, which the rows say."""
@@ -147,7 +147,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
                 "splits": tuple(splits or SPLITS)})  # fmt: skip
     if not full:
         kw["stalenesses"] = (cfg.max_staleness,)
-    rows = sweep(path, gpu, **kw)
+    rows = sweep(path, gpu, jobs=jobs, **kw)
     table = format_rows(rows)
     hint = faster_placement(rows, current_split(cfg), cfg.schedule, cfg.max_staleness)
     print(f"{path.stem} on 8 x {gpu}\n{table}\n{hint}", file=sys.stderr, flush=True)
@@ -202,6 +202,13 @@ def main() -> None:
     )
     ap.add_argument("--staleness", default=STALENESS, help="max_staleness values (async)")
     ap.add_argument("--splits", default=",".join(SPLITS), help="placements to simulate")
+    ap.add_argument("--jobs", type=int, default=1, help="placement simulations run at once")
+    ap.add_argument(
+        "--part",
+        choices=("all", "scale", "placement"),
+        default="all",
+        help="scale or placement alone (saved as simulate_PART.json)",
+    )
     ap.add_argument("--recipes", action="store_true",
                     help="every GPU recipe's table on H100 and H200 (its own max_staleness), "
                     "saved as bench/results/simulate_recipes.json; long")  # fmt: skip
@@ -212,23 +219,29 @@ def main() -> None:
     t0 = time.perf_counter()
     pred = validate()
     steps = 5 if args.quick else 20  # quick: one regeneration window and the next step
-    scale_8b = at_scale(RECIPE_8B, steps, PAPER_SCALE)
-    scale_30b = None if args.quick else at_scale(RECIPE_30B, steps, [])
-    tables = [
-        placement(
-            "h100-80gb",
-            args.quick,
-            steps=args.steps,
-            stalenesses=[int(x) for x in args.staleness.split(",")],
-            splits=tuple(x.strip() for x in args.splits.split(",") if x.strip()),
-        )
-    ]
+    do_scale, do_place = args.part in ("all", "scale"), args.part in ("all", "placement")
+    scale_8b = at_scale(RECIPE_8B, steps, PAPER_SCALE) if do_scale else None
+    scale_30b = None if args.quick or not do_scale else at_scale(RECIPE_30B, steps, [])
+    tables = (
+        []
+        if not do_place
+        else [
+            placement(
+                "h100-80gb",
+                args.quick,
+                steps=args.steps,
+                stalenesses=[int(x) for x in args.staleness.split(",")],
+                splits=tuple(x.strip() for x in args.splits.split(",") if x.strip()),
+                jobs=args.jobs,
+            )
+        ]
+    )
     if not args.quick:
         tables.append(placement("h200-141gb", False, steps=args.steps, stalenesses=(1, 2)))  # fmt: skip
-    head = headline(tables[0]["rows"])
+    head = headline(tables[0]["rows"]) if tables else {}
     a2a, a2a_c = worst(pred, "sync_to_async"), worst(pred, "sync_to_async+contention")
     xw, xw_s = worst(pred, "cross_workload"), worst(pred, "cross_workload+speed")
-    ctl = scale_8b["controller_cpu_s_per_step"]
+    ctl = scale_8b["controller_cpu_s_per_step"] if scale_8b else None
     ratio = head.get("over_best_sync")
     out = {
         "bench": "simulate",
@@ -236,7 +249,10 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + (f" --steps {args.steps}" if args.steps else "")
         + (f" --staleness {args.staleness}" if args.staleness != STALENESS else "")
-        + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else ""),
+        + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else "")
+        + (f" --part {args.part}" if args.part != "all" else "")
+        + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
+        + (" --save" if args.save else ""),
         "quick": args.quick,
         "hardware": machine(),
         "total_s": round(time.perf_counter() - t0, 1),
@@ -266,13 +282,18 @@ def main() -> None:
             "controller_cpu_per_step": {
                 "target": "<= 2 s CPU a step at 24 envs x 16+16 plays, real tokenizer in the path",
                 "measured": ctl,
-                "load_avg_1m": scale_8b["load_avg_1m"],
-                "met": ctl <= 2.0,
+                "load_avg_1m": scale_8b["load_avg_1m"] if scale_8b else None,
+                "met": bool(ctl is not None and ctl <= 2.0),
             },
         },
     }
+    if not do_scale:
+        del out["targets"]["controller_cpu_per_step"]
+    if not do_place:
+        del out["targets"]["async_over_best_sync_at_staleness_le_2"]
     if args.save:
-        name = "simulate_quick.json" if args.quick else "simulate.json"
+        name = ("simulate_quick.json" if args.quick else "simulate.json" if args.part == "all"
+                else f"simulate_{args.part}.json")  # fmt: skip
         (ROOT / "bench" / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
 

@@ -30,9 +30,23 @@ from spade_async.generation.client import GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.sim.costs import Costs, lognormal
 
-__all__ = ["SimEngine", "SimClient", "ROLE_AGENT", "ROLE_HINT", "ROLE_DESIGNER"]
+__all__ = [
+    "SimEngine",
+    "SimClient",
+    "ROLE_AGENT",
+    "ROLE_HINT",
+    "ROLE_DESIGNER",
+    "GAMES_REPLY",
+    "TOOL_REPLY",
+    "SOLUTION",
+]
 
 ROLE_AGENT, ROLE_HINT, ROLE_DESIGNER = 1, 2, 3
+# the policy's reply to every turn (an environment judges it at random, its own win rate);
+# an audit's garbage is these made absurd (envs/audit.absurd: the number, the boxed word)
+GAMES_REPLY = "\\boxed{a}"
+TOOL_REPLY = '<tool_call>{"name": "lookup", "arguments": {"k": 1}}</tool_call>'
+SOLUTION = "\\boxed{zz-solution}"
 EOS = 2
 
 
@@ -174,11 +188,8 @@ class SimClient(GenerationClient):
         # through httpx's mock transport, as the tests' fake SGLang does
         self._http = httpx.AsyncClient(transport=httpx.MockTransport(self._serve))
         self.cfg, self.rng, self.lengths = cfg, rng, engines[0].c.lengths
-        self.turn_text = (
-            '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
-            if cfg.designer.setting == "tool_use" or getattr(cfg, "_sim_tool_use", False)
-            else "\\boxed{a}"
-        )
+        tool = cfg.designer.setting == "tool_use" or getattr(cfg, "_sim_tool_use", False)
+        self.turn_text = TOOL_REPLY if tool else GAMES_REPLY
         self._ids = itertools.count()
 
     def _draw(self, role: int, cap: int) -> tuple[int, bool]:

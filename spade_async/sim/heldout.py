@@ -53,7 +53,8 @@ def _cfg(root: Path, saved: dict, schedule: str):
     w = saved["workload"]
     three, stale = w["name"] == "three_stage", w["max_staleness"]
     over = P.overrides(root, root, False, P.lookahead_steps(three, stale), stale, 0)
-    return msgspec.structs.replace(recipe.load(None, over), schedule=schedule)
+    # the saved runs predate in-training audits (64b942c): predicted without them
+    return msgspec.structs.replace(recipe.load(None, [*over, "audit.share=0.0"]), schedule=schedule)
 
 
 def predict_wall(root: Path, saved: dict, costs, schedule: str) -> dict:

@@ -27,7 +27,15 @@ from spade_async.envs.validate import Verdict
 from spade_async.roles.agent import GAMES_SYSTEM, TOOL_SYSTEM
 from spade_async.roles.prompts import HINT_SYSTEM, TOOL_USE_HINT_SYSTEM
 from spade_async.sim.costs import Costs, lognormal
-from spade_async.sim.engine import ROLE_AGENT, ROLE_DESIGNER, ROLE_HINT, SimEngine
+from spade_async.sim.engine import (
+    GAMES_REPLY,
+    ROLE_AGENT,
+    ROLE_DESIGNER,
+    ROLE_HINT,
+    SOLUTION,
+    TOOL_REPLY,
+    SimEngine,
+)
 from spade_async.trainer.rpc import WeightsPushed
 
 __all__ = ["SimTokenizer", "RealTokenizerInPath", "SimPool", "SimTrainer", "SimProc", "FILLER"]
@@ -114,6 +122,7 @@ class _Inst:
     turns: int = 0
     limit: int = 1
     win: bool = False
+    scripted: str = ""  # an audit's play: "solution" wins, "garbage" loses
 
 
 @dataclass
@@ -155,8 +164,11 @@ class SimPool:
 
     async def reset(self, inst: _Inst, seed: int | None = None) -> tuple[str, dict]:
         ln = self.costs.lengths
-        inst.turns = 0
-        inst.limit, _ = lognormal(self.rng, ln.agent_turns_median, ln.agent_turns_sigma, 10_000)
+        inst.turns, inst.scripted = 0, ""
+        # an episode's length is its seed's (the audit's solution instance plays the same)
+        rng = self.rng if seed is None else np.random.default_rng(
+            [zlib.crc32(inst.env_id.encode()), seed % 2**32])  # fmt: skip
+        inst.limit, _ = lognormal(rng, ln.agent_turns_median, ln.agent_turns_sigma, 10_000)
         # an environment's difficulty is its own: plays of one environment share a win rate
         p = (zlib.crc32(inst.env_id.encode()) % 1000) / 1000 * 2 * ln.win_p
         inst.win = bool(self.rng.random() < min(1.0, p))
@@ -166,11 +178,16 @@ class SimPool:
         await self._work(self.costs.env_step_s)
         self.steps += 1
         inst.turns += 1
+        if SOLUTION in action:
+            inst.scripted = "solution"
+        elif action not in (GAMES_REPLY, TOOL_REPLY) and not inst.scripted:
+            inst.scripted = "garbage"  # audits: an honest environment never loses to it
         done = inst.turns >= inst.limit
-        return self.obs, (1.0 if inst.win else -1.0) if done else 0.0, done, False, {}
+        win = inst.win if not inst.scripted else inst.scripted == "solution"
+        return self.obs, (1.0 if win else -1.0) if done else 0.0, done, False, {}
 
     async def solution(self, inst: _Inst) -> list[str]:
-        return ["\\boxed{zz-solution}"]
+        return [SOLUTION] * inst.limit
 
     async def get_tools(self, inst: _Inst) -> list[dict]:
         return [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]

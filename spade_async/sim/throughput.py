@@ -185,26 +185,46 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
-          extra: list[str] | None = None, costs_file=None, progress=None) -> list[Row]:  # fmt: skip
+          extra: list[str] | None = None, costs_file=None, progress=None,
+          jobs: int = 1) -> list[Row]:  # fmt: skip
     """Every split x (sync, async at each staleness); ``steps`` 0: ``steady_steps`` (six
-    regeneration windows and a step)."""
+    regeneration windows and a step); ``jobs`` > 1: that many simulations at once, each in
+    a process of its own (virtual time: the figures do not depend on it)."""
     extra = list(extra or [])
     base = recipe.load(path, extra)
     steps = steps or steady_steps(base.regen_interval)
     gpu_costs(base.model, gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=costs_file)
+    tasks = [(str(path), gpu, split, "sync", base.max_staleness, steps, extra, costs_file)
+             for split in splits]  # fmt: skip
+    tasks += [(str(path), gpu, split, "async", s, steps, extra, costs_file)
+              for split in splits if split != "colocated" for s in stalenesses]  # fmt: skip
+    if jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(run_one, *t) for t in tasks]
+            done = []
+            for f in futures:
+                done.append(f.result())
+                if progress:
+                    progress(done[-1])
+    else:
+        done = []
+        for t in tasks:
+            done.append(run_one(*t))
+            if progress:
+                progress(done[-1])
+    by = {(r.split, r.schedule, r.staleness if r.schedule == "async" else -1): r for r in done}
     rows = []
     for split in splits:
-        sync = run_one(path, gpu, split, "sync", base.max_staleness, steps, extra, costs_file)
+        sync = by[(split, "sync", -1)]
         rows.append(sync)
-        if progress:
-            progress(sync)
         for s in () if split == "colocated" else stalenesses:
-            r = run_one(path, gpu, split, "async", s, steps, extra, costs_file)
+            r = by[(split, "async", s)]
             if r.step_s and sync.step_s:
                 r.over_sync = sync.step_s / r.step_s
             rows.append(r)
-            if progress:
-                progress(r)
     compare(rows)
     return rows
 
