@@ -202,6 +202,7 @@ def main() -> None:
     )
     ap.add_argument("--staleness", default=STALENESS, help="max_staleness values (async)")
     ap.add_argument("--splits", default=",".join(SPLITS), help="placements to simulate")
+    ap.add_argument("--scale-steps", type=int, default=20, help="steps of each run at scale")
     ap.add_argument("--jobs", type=int, default=1, help="placement simulations run at once")
     ap.add_argument(
         "--part",
@@ -218,7 +219,7 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     pred = validate()
-    steps = 5 if args.quick else 20  # quick: one regeneration window and the next step
+    steps = 5 if args.quick else args.scale_steps  # quick: a regeneration window and a step
     do_scale, do_place = args.part in ("all", "scale"), args.part in ("all", "placement")
     scale_8b = at_scale(RECIPE_8B, steps, PAPER_SCALE) if do_scale else None
     scale_30b = None if args.quick or not do_scale else at_scale(RECIPE_30B, steps, [])
@@ -252,6 +253,7 @@ def main() -> None:
         + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else "")
         + (f" --part {args.part}" if args.part != "all" else "")
         + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
+        + (f" --scale-steps {args.scale_steps}" if args.scale_steps != 20 else "")
         + (" --save" if args.save else ""),
         "quick": args.quick,
         "hardware": machine(),
