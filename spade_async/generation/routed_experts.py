@@ -13,8 +13,9 @@ below 0 or above the prompt's length (``managers/scheduler.py``). The CPU engine
 
 A sample keeps its routes compact (``RouteShape.dtype``: uint8 below 256 experts, else
 int16): row ``p`` is the route of token ``p`` of the sample. The dtype's largest value
-(``RouteShape.unset``) stands for SGLang's ``-1`` (newer SGLang marks padding rows so): those
-tokens route freely in the trainer (``trainer/route_sanity.py``), the rest of the sample
+(``RouteShape.unset``) stands for SGLang's ``-1`` (its capturer pads ids with -1, e.g. the
+fused shared-expert columns in ``state_capturer/routed_experts.py``): those ids' layers
+route freely in the trainer (``trainer/route_sanity.py``), the rest of the sample
 still replays. Tokens past the last row (a
 template's closing tokens after the last turn) route freely: no trained token depends on
 them (``check_sample``). ``tests/contract`` checks the field names, types and rules above
