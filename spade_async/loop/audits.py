@@ -146,12 +146,13 @@ def drop_quarantined(rt: Runtime, episodes: list[Episode]) -> list[Episode]:
 
 async def run_scripted(
     rt: Runtime, env: EnvRef, seed: int, pace: Pace, limiter: anyio.CapacityLimiter, kind: str,
-    garbage: list[str],
+    garbage: list[str], fallback=None,
 ) -> ScriptedResult | None:  # fmt: skip
     """One scripted slot of ``env``'s group, paced by ``pace``'s real play, and its verdict.
     ``garbage``: the replies to other environments when the group was planned (a snapshot:
     the same in a rerun of the same seed, whatever order plays finish in). None when no
-    kind could run. Never raises for the environment."""
+    kind could run (a free-text or too long solution, no garbage yet): the slot is then
+    a real play (``fallback``), not lost. Never raises for the environment."""
     aud = auditor(rt)
     rng = random.Random(f"{getattr(rt.cfg, 'seed', 0)}:{env.env_id}:{seed}")  # per slot
     cfg = rt.cfg.agent
@@ -178,6 +179,8 @@ async def run_scripted(
             break
     if not actions:
         rt.meters.count("audit/skipped")
+        if fallback is not None:
+            await fallback()
         return None
     async with limiter:
         res = await scripted_play(

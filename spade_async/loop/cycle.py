@@ -9,6 +9,7 @@ are counted in metrics.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -164,9 +165,11 @@ async def play(
             ):
                 if i in scripted:  # paced by a real sibling's turns; never trained
                     pacer, kind, garbage = scripted[i]
+                    real = functools.partial(one, env, seed, None, slots)  # if none can run
                     tg.start_soon(
-                        audits.run_scripted, rt, env, seed, paces[pacer], limiter, kind, garbage
-                    )
+                        audits.run_scripted, rt, env, seed, paces[pacer], limiter, kind, garbage,
+                        real,
+                    )  # fmt: skip
                 else:
                     tg.start_soon(one, env, seed, h, slots, paces.get(i) if h is None else None)
                 slots += 1

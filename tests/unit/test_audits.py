@@ -173,8 +173,8 @@ def test_unfair_in_training_is_quarantined_within_two_groups(
     assert "audit/failed/solution_lost" not in snap or reason == "solution_lost"
     # scripted plays are never episodes and never call the engine: 2 rounds x 2 envs x 4
     # slots, at least one scripted per group; every real turn is one engine call
-    scripted = snap["audit/run"] + snap.get("audit/skipped", 0)
-    assert len(episodes) + scripted == 2 * 2 * 4 or caught is not None
+    # (a slot where no audit could run is played for real: not lost)
+    assert len(episodes) + snap["audit/run"] == 2 * 2 * 4 or caught is not None
     assert rt.client.calls == sum(e.turns for e in episodes)
 
 
@@ -336,3 +336,15 @@ def test_garbage_is_a_reply_to_another_environment_made_absurd_here():
         assert "left" not in out and "apples" not in out and ("pay" in out) == ("pay" in reply)
         assert out.count("\\boxed{") == reply.count("\\boxed{")
     assert absurd(rng, "no answer here") == "no answer here"  # prose keeps its words
+
+
+def test_a_slot_no_audit_can_fill_is_played_for_real(tmp_path, tokenizer_path):
+    """max_turns 2: no solution fits an episode, and the first group has no garbage yet:
+    the scripted slots are played by the agent instead (skipped, not lost)."""
+    verdict, rt, episodes, kept, caught, bad, good = _train_rounds(
+        tmp_path, tokenizer_path, HONEST, 1, 2
+    )
+    snap = rt.meters.snapshot()
+    assert snap["audit/skipped"] >= 1 and snap.get("audit/run", 0) == 0, snap
+    assert len(episodes) == 4  # (one environment here) every slot played by the agent
+    assert caught is None and good.status == "valid"
