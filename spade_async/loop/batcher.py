@@ -105,8 +105,9 @@ def loss_units(slots: Sequence[Sample | None]) -> int:
 
 def routes_misfit(status: str) -> bool:
     """Routes an engine sent that do not fit the sample (``Episode.routes_status``): the
-    sample is dropped. Missing routes ("missing") train without replay."""
-    return status not in ("", "missing")
+    sample is dropped. Missing routes ("missing") and rows a weight update made stale
+    ("stale", roles/designer.py) train without replay."""
+    return status not in ("", "missing", "stale")
 
 
 def agent_samples(episodes: Sequence[Episode], cfg: AgentConfig) -> tuple[list[Sample], int]:

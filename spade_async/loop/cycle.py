@@ -326,6 +326,8 @@ async def step_batch(
 
         misfit = sum(routes_misfit(s.routes_status) for s in window.samples)
         rt.meters.count("routes/dropped", misfit)  # dropped by designer_samples
+        stale = sum(s.routes_status == "stale" for s in window.samples)
+        rt.meters.count("routes/stale_turns", stale)  # trained without replay
         designer, designer_mean = await designer_batch(rt, window, agent.episodes)
         slots += designer
         window.samples = []  # each window is scored once

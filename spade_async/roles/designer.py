@@ -118,7 +118,9 @@ class DesignSample:
     extra_tokens: int = 0  # repair-turn and retry tokens (generated, not trained)
     examples: list[str] = field(default_factory=list)
     # routing replay: routes of prompt + output less the last token (routed_experts.py);
-    # routes_status as Episode's ("" complete, "missing", else the misfit naming the engine)
+    # routes_status as Episode's ("" complete, "missing", "stale": a weight update landed
+    # while it generated, its rows are the re-prefill's (roles/episode_routes.py): trained
+    # without replay, else the misfit naming the engine)
     routed_experts: bytes = b""
     routes_status: str = ""
 
@@ -218,9 +220,10 @@ async def design_group(
             version=res.policy(version),  # the engine's, for the tokens it generated
             verdict=Verdict(valid=False, stage="syntax", reason="no reply"),
             examples=list(examples or []),
-            routed_experts=res.routed_experts or b"",
+            routed_experts=b"" if _across_update(res) else res.routed_experts or b"",
             routes_status=res.routes_problem
-            or ("missing" if _wants_routes(client) and res.routed_experts is None else ""),
+            or ("missing" if _wants_routes(client) and res.routed_experts is None else "")
+            or ("stale" if _across_update(res) else ""),
         )
         with busy("env_pool"):
             source, verdict = await _check(res.text, pool, cfg, seed)
@@ -254,6 +257,13 @@ async def design_group(
         )  # fmt: skip
         out.append(sample)
     return out
+
+
+def _across_update(res) -> bool:
+    """A reply whose tokens span a weight update (routing replay: its rows are stale)."""
+    return res.routed_experts is not None and (
+        res.policy_version is not None and res.policy_version != res.weight_version
+    )
 
 
 def _wants_routes(client) -> bool:

@@ -242,3 +242,15 @@ def test_engine_version_is_the_sessions_engines_or_the_newest_seen():
             return client.engine_version("k"), client.engine_version("unpinned")
 
     assert anyio.run(main) == ("3", "5")
+
+
+def test_a_designer_reply_across_an_update_trains_without_replay():
+    from types import SimpleNamespace
+
+    from spade_async.loop.batcher import routes_misfit
+    from spade_async.roles.designer import _across_update
+
+    across = SimpleNamespace(routed_experts=b"\x00" * 4, policy_version="0", weight_version="1")
+    within = SimpleNamespace(routed_experts=b"\x00" * 4, policy_version="1", weight_version="1")
+    assert _across_update(across) and not _across_update(within)
+    assert not routes_misfit("stale") and routes_misfit("engine http://e: 3 token rows")
