@@ -42,7 +42,9 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
                                     train/route_free_<reason>: those routed freely, by
                                     reason (missing, misfit, partial, unset, zero,
                                     duplicate, layout; docs/routing-replay.md);
-                                    train/route_samples_partial: samples with short routes
+                                    train/route_samples_partial: samples with short routes;
+                                    routes/stale_turns: turns trained without replay (a
+                                    weight update made their rows stale)
   reward/agent_mean          float  batch mean agent reward
   reward/designer_mean       float  batch mean designer reward
   memory/size                int    environments in memory
