@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from spade_async.episodes.journal import note_finished, note_started, note_trained
 from spade_async.episodes.records import log_episode
 from spade_async.generation.seeds import request_seed
 from spade_async.loop import audits
@@ -133,6 +134,7 @@ async def play(
         key = request_seed(rt.cfg.seed, "agent", step, version, env.env_id, slot, seed)
         async with limiter:
             rt.meters.count("agent/started")
+            jid = note_started(rt)  # the episode journal (docs/resume.md)
             ep = await play_episode(
                 client=rt.client,
                 pool=rt.pool,
@@ -152,6 +154,7 @@ async def play(
         log_episode(rt, env, ep)  # RUN_DIR/episodes/records.jsonl: what replay needs
         rt.meters.add_tokens("agent", sum(b - a for a, b in ep.turn_spans))
         rt.meters.count(f"agent/status/{ep.status}")
+        await note_finished(rt, jid, ep)  # on disk before the consumer takes it
 
     slots = 0
     async with anyio.create_task_group() as tg:
@@ -374,10 +377,12 @@ async def learn(
     checkpoint. ``pushed()``, if given, runs as soon as the new version is on the engines
     (the async producer's admission), before the logging."""
     cfg, st = rt.cfg, rt.state
+    consumed = list(episodes)  # the journal marks every one consumed by this step
     episodes = audits.drop_quarantined(rt, episodes)  # an audit failed: never trained
     dists = await score(rt, episodes, window if cfg.designer_enabled else None)
     batch = await step_batch(rt, episodes, window, window_ends=window_ends)
     samples, zero_adv, designer_mean = batch.samples, batch.zero_advantage, batch.designer_mean
+    await note_trained(rt, consumed, samples, batch.normaliser)  # a resume redoes it
     trained_at = st.version
     train_metrics = await train_and_push(rt, samples, pause=pause, normaliser=batch.normaliser)
     st.step += 1

@@ -14,6 +14,7 @@ import anyio
 
 from spade_async.eval.inloop import evaluator
 from spade_async.loop.cycle import Window
+from spade_async.loop.resume import replay_journal
 from spade_async.loop.runtime import Runtime, open_runtime
 from spade_async.recipe import Config
 from spade_async.rundir import RunDir
@@ -51,6 +52,7 @@ async def _train(cfg: Config, run_dir: RunDir, *, handle_signals: bool) -> int:
         async with anyio.create_task_group() as work:
             work.start_soon(_abort_after_grace, stop, work.cancel_scope, cfg.shutdown_grace_s)
             work.start_soon(evaluator, rt, stop)  # [eval]: held-out evaluation, engines shared
+            await replay_journal(rt, stop)  # a resume: the journal's steps and episodes
             await _schedule(rt, stop)
             work.cancel_scope.cancel()
         if stop.is_set():

@@ -25,6 +25,8 @@ from spade_async.config import to_toml_dict
 from spade_async.corpus import Corpus, open_corpus
 from spade_async.engines import running_engines
 from spade_async.envs.pool import EnvPool
+from spade_async.episodes.journal import DIR_NAME, Journal
+from spade_async.episodes.recovery import Recovery, open_journal
 from spade_async.errors import ConfigError
 from spade_async.generation.client import GenerationClient
 from spade_async.launch.external import attach
@@ -82,6 +84,9 @@ class Runtime:
     adapters: AdapterBook | None = None  # trainer.lora: the adapters engines hold (loop/lora.py)
     meters: Meters = field(default_factory=Meters)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    journal: Journal | None = None  # finished episodes until checkpointed (docs/resume.md)
+    recovery: Recovery | None = None  # what the journal held at start (loop/resume.py)
+    requeue: list = field(default_factory=list)  # finished episodes a resume gave back
 
     def kill_children(self) -> None:
         """Second Ctrl-C: SIGKILL engines and trainer ranks now (environment workers die
@@ -104,6 +109,8 @@ class Runtime:
         self.state.meters = self.meters.state_dict()
         write_atomic(path / "controller.json", msgspec.json.encode(self.state))
         write_atomic(path / "DONE", b"")
+        if self.journal is not None:  # episodes trained by now are settled
+            await self.journal.checkpointed(self.state.step)
         return path
 
     async def push(self, *, pause: bool) -> WeightsPushed:
@@ -267,6 +274,8 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
     store = open_checked(run_dir.memory, cfg.memory, readonly=False)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(store.close)
+        journal, recovery = open_journal(run_dir.root / DIR_NAME, resumed and resumed[0])
+        stack.callback(journal.close)
         if cfg.placement.controller_cpus:  # before any child starts: env workers inherit it
             try:
                 watchdog.pin_self(cfg.placement.controller_cpus, "placement.controller_cpus")
@@ -337,11 +346,13 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
             engine_urls=urls,
             state=state,
             engines=engines + ([router] if router is not None else []),
-            resume_note=_resume_note(run_dir, resumed, state),
+            resume_note=_resume_note(run_dir, resumed, state, journaled=recovery is not None),
             release_memory=cfg.placement.colocate and cfg.placement.release_memory,
             push_kw=push_kwargs(cfg, urls, external_tp=list(external.values())),
             model_dir=Path(model_dir),
             rng=np.random.default_rng([cfg.seed, state.step]),
+            journal=journal,
+            recovery=recovery,
         )
         if cfg.trainer.routing_replay:  # every trained request brings its MoE routes
             from spade_async.generation.routed_experts import route_shape_of
@@ -366,10 +377,16 @@ async def open_runtime(cfg: Config, run_dir: RunDir) -> AsyncIterator[Runtime]:
         tg.cancel_scope.cancel()
 
 
-def _resume_note(run_dir: RunDir, resumed, state: ControllerState) -> str:
-    """On resume: where we start, and the episodes played after the checkpoint that are lost."""
+def _resume_note(run_dir: RunDir, resumed, state: ControllerState, *, journaled: bool) -> str:
+    """On resume: where we start; without an episode journal (a run from before it), the
+    episodes played after the checkpoint that are lost (the journal's own line follows)."""
     if resumed is None:
         return ""
+    if journaled:
+        return (
+            f"resumed {run_dir.root} from checkpoint step {resumed[0]} "
+            f"(policy version {state.version})"
+        )
     from spade_async.telemetry.metrics import read_metrics
 
     try:

@@ -30,9 +30,12 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
+from spade_async.episodes.journal import note_dropped
+from spade_async.episodes.recovery import by_group
 from spade_async.errors import SpadeError
 from spade_async.generation.client import request_priority
 from spade_async.loop import cycle
+from spade_async.loop.resume import due_now, take_requeued
 from spade_async.roles.agent import EnvRef, Episode
 
 if TYPE_CHECKING:
@@ -153,17 +156,25 @@ async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter, n:
 
 
 async def consumer(
-    rt: Runtime, sh: Shared, recv: ObjectReceiveStream[Group], stop: anyio.Event
+    rt: Runtime,
+    sh: Shared,
+    recv: ObjectReceiveStream[Group],
+    stop: anyio.Event,
+    resumed: list[Group] | None = None,
 ) -> None:
+    """``resumed``: the groups a resume gave back (loop/resume.py), taken first."""
     cfg, st = rt.cfg, rt.state
+    resumed = list(resumed or [])
     while st.step < cfg.max_steps and not stop.is_set():
         groups: list[Group] = []
-        while len(groups) < sh.envs_per_step:
-            g = await recv.receive()
+        # a resumed group that would be too old for the next step is taken now
+        while len(groups) < sh.envs_per_step or due_now(resumed, st.version, cfg.max_staleness):
+            g = resumed.pop(0) if resumed else await recv.receive()
             if g.env is None:  # an empty round ends the step early
                 break
             if st.version - g.version > cfg.max_staleness:
                 rt.meters.count("staleness/dropped", sum(1 for e in g.episodes if not e.hinted))
+                note_dropped(rt, g.episodes, "stale")  # never trained: out of the journal
                 sh.admission.notify(dropped=1)  # its slot goes to a fresh group
                 continue
             groups.append(g)
@@ -191,7 +202,9 @@ async def consumer(
 async def run_async(rt: Runtime, stop: anyio.Event) -> None:
     send, recv = anyio.create_memory_object_stream[Group](rt.cfg.pipeline.queue_groups)
     sh = Shared(rt.cfg.max_staleness)
+    resumed = [Group(EnvRef(eps[0].env_id, ""), eps) for eps in by_group(take_requeued(rt))]
+    sh.admission.started += len(resumed)  # they take the first steps' slots
     async with anyio.create_task_group() as tg, recv:
         tg.start_soon(producer, rt, sh, send, stop)
-        await consumer(rt, sh, recv, stop)
+        await consumer(rt, sh, recv, stop, resumed)
         tg.cancel_scope.cancel()

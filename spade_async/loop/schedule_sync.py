@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from spade_async.loop import cycle
+from spade_async.loop.resume import take_requeued
 from spade_async.loop.runtime import Runtime
 
 
@@ -15,7 +16,9 @@ async def sync_step(rt: Runtime, window: cycle.Window) -> cycle.Window:
         fresh = True
     envs = cycle.env_refs(rt, st.current_envs + await cycle.replay(rt, cfg.replay_envs))
     hints = await cycle.window_hints(rt, window, envs, fresh=fresh)
-    episodes = await cycle.play(rt, envs, hints, st.version, cycle.plays_per_env(cfg, len(envs)))
+    episodes = take_requeued(rt) + await cycle.play(
+        rt, envs, hints, st.version, cycle.plays_per_env(cfg, len(envs))
+    )
     window_ends = (st.step + 1) % cfg.regen_interval == 0 or st.step + 1 == cfg.max_steps
     await cycle.learn(rt, episodes, window, window_ends=window_ends, pause=False)
     return window

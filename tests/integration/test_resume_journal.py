@@ -1,0 +1,171 @@
+"""kill -9 between checkpoints, then resume: no finished episode within the staleness bound
+is lost (docs/resume.md). `spade train` on the CPU demo config (the tiny model, a fixed pool)
+as real subprocesses; the journal is read between the kill and the resume to know what the
+dead run had finished."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from loop_helpers import HERE
+from test_signals import _ours
+
+from spade_async.episodes import journal as jr
+from spade_async.episodes import recovery as rc
+
+EVERY = 4  # checkpoint_every: the kill lands after step EVERY + 2, before step 2 * EVERY
+
+
+def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> subprocess.Popen:
+    pool = tmp_path / "pool"
+    pool.mkdir(exist_ok=True)
+    shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
+    args = [
+        "mode=fixed_pool",
+        "schedule=async",
+        f"model={tiny_model}",
+        f"max_steps={max_steps}",
+        "replay_envs=2",
+        "initial_memory=''",
+        f"fixed_pool={pool}",
+        f"checkpoint_every={EVERY}",
+        "max_staleness=1",
+        "agent.plays_nohint=4",
+        "agent.max_turns=1",
+        "agent.max_turn_tokens=2",
+        "agent.cut_reply='step'",
+        "agent.temperature=1.0",
+        "trainer.lr=1e-2",
+        "envs.max_workers=2",
+        "shutdown_grace_s=2",
+        "telemetry.dashboard='off'",
+    ]
+    cmd = [sys.executable, "-m", "spade_async.cli", "train", "configs/cpu-demo.toml"]
+    cmd += ["--run-dir", str(run_dir)]
+    for a in args:
+        cmd += ["--set", a]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        start_new_session=True,
+    )
+
+
+def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
+    """This run's engines and trainer ranks still alive (sandbox workers name neither path:
+    test_signals.py checks those, on a machine where no other run has any)."""
+
+    def mine() -> list[int]:
+        return [
+            p for p in _ours(run_dir, model) if str(run_dir) in _cmd(p) or str(model) in _cmd(p)
+        ]
+
+    deadline = time.monotonic() + timeout
+    while (left := mine()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _records(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # the line a kill cut
+            pass
+    return out
+
+
+def _wait_for_trained_step(run_dir: Path, proc: subprocess.Popen, step: int) -> None:
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").is_file() and any(
+            r.get("kind") == "step" and r["step"] >= step for r in _records(run_dir)
+        ):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"spade train exited early ({proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"no step {step} within 400 s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill9_between_checkpoints_loses_no_finished_episode(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
+    _wait_for_trained_step(run_dir, proc, EVERY + 2)
+    proc.kill()  # SIGKILL between checkpoints EVERY and 2 * EVERY
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert not _gone(run_dir, tiny_model)
+    done = max(
+        int(p.name.split("-")[1])
+        for p in (run_dir / "checkpoints").glob("step-*")
+        if (p / "DONE").exists()
+    )
+    assert done == EVERY, "the kill should land between two checkpoints"
+    restored = json.loads(
+        (run_dir / "checkpoints" / f"step-{done}" / "controller.json").read_text()
+    )
+
+    # what the dead run finished after its checkpoint, as its journal holds it
+    rec = rc.recover(run_dir / jr.DIR_NAME, done)
+    redo_eps = sum(len(t.episodes) for t in rec.redo)
+    pending = [rec.episodes[i] for i in rec.pending]
+    after_redo = restored["version"] + len(rec.redo)  # every redo step pushes a version
+    usable, stale, ahead = rc.split_by_version(pending, after_redo, 1)
+    assert rec.redo, "the kill landed after a trained step: its batch is journaled"
+    assert [t.step for t in rec.redo] == list(range(done + 1, done + 1 + len(rec.redo)))
+
+    max_steps = done + len(rec.redo) + 2
+    resumed = _start(tiny_model, tmp_path, run_dir, max_steps=max_steps)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    records = _records(run_dir)
+    events = [r["message"] for r in records if r["kind"] == "event"]
+    line = [m for m in events if m.startswith("journal: ")][-1]
+    last = [r for r in records if r["kind"] == "step"][-1]
+    assert last["step"] == max_steps
+    redone = last.get("resume/redone_episodes", 0)
+    requeued = last.get("resume/requeued", 0)
+    trained_back = last.get("resume/requeued_trained", 0)
+    lost_within = (redo_eps + len(usable)) - (redone + trained_back)
+    print(
+        f"\nkill -9 after step {EVERY + 2} (checkpoint {done}): journal held "
+        f"{len(rec.redo)} trained step(s) ({redo_eps} episodes) and {len(pending)} finished "
+        f"unconsumed episode(s) ({len(usable)} within max_staleness of version {after_redo}, "
+        f"{len(stale)} stale, {len(ahead)} ahead), {rec.lost['unfinished']} unfinished, "
+        f"{rec.lost['torn']} torn; after resume: {redone} redone, {trained_back}/{requeued} "
+        f"requeued trained; lost within the bound: {lost_within}\n{line}"
+    )
+    assert redone == redo_eps
+    assert requeued == len(usable) and trained_back == requeued
+    assert lost_within == 0
+    assert last.get("resume/lost/stale", 0) == len(stale)
+    assert last.get("resume/lost/unfinished", 0) == rec.lost["unfinished"]
+    assert "step(s) redone" in line and "lost:" in line
+    # the redo landed each step on its original version: the resumed run's last version is
+    # the number of steps it trained (every push here succeeds)
+    assert last["version"] == max_steps
+    # everything trained is checkpointed at max_steps: the journal holds nothing to redo
+    after = rc.recover(run_dir / jr.DIR_NAME, max_steps)
+    assert after.redo == [] and after.lost["torn"] == 0
+    assert not _gone(run_dir, tiny_model)
