@@ -34,8 +34,8 @@ from spade_async.generation import packed, ragged, route_capture
 from spade_async.generation.kv_cache import PrefixCache, cache_kw, left_pad, slab_cache
 from spade_async.generation.logprob_convention import sampling_logprobs
 from spade_async.generation.priority import PriorityPolicy, preemption_victim, waiting_order
-from spade_async.generation.retract import retract_running
 from spade_async.generation.protocol import FinishReason, SamplingParams
+from spade_async.generation.retract import retract_running
 from spade_async.generation.sampling import sample_tokens
 
 __all__ = ["MEMORY_TAGS", "Engine", "EngineBusy", "Sequence", "sample_tokens"]
@@ -132,8 +132,7 @@ class Engine:
         self._pending: deque[Sequence] = deque()
         self._cond = threading.Condition()
         self._paused = False
-        self._abort_all = False
-        self._retract = False  # pause(retract=True): the scheduler retracts its running rows
+        self._abort_all = self._retract = False  # _retract: retract.py, on the scheduler
         self._swap: _Swap | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -179,8 +178,7 @@ class Engine:
             return len(self._pending) + len(self.active)
 
     def pause(self, *, abort: bool, retract: bool = False) -> None:
-        """Stop stepping; ``abort`` also ends waiting and running requests (``abort``);
-        ``retract`` frees the running rows' KV and re-queues them (``retract.py``)."""
+        """Stop stepping; ``abort`` ends every request, ``retract`` re-queues running ones."""
         with self._cond:
             self._paused = True
             self._abort_all = self._abort_all or abort
@@ -292,7 +290,8 @@ class Engine:
                 seq.future.cancel()
 
     def _has_work(self) -> bool:
-        if self._abort_all or self._retract or self._swap is not None and (self._paused or not self.active):
+        swap_due = self._swap is not None and (self._paused or not self.active)
+        if self._abort_all or self._retract or swap_due:
             return True
         if self._paused:
             return False

@@ -38,8 +38,8 @@ from spade_async.generation.chat import Conversation, strip_think
 from spade_async.generation.client import EngineRequestError, GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.seeds import request_seed
-from spade_async.roles.episode_routes import EpisodeRoutes
 from spade_async.rewards import agent_outcome
+from spade_async.roles.episode_routes import EpisodeRoutes
 
 Status = Literal[
     "terminated",

@@ -67,7 +67,9 @@ def _replayed_and_free(replay, causal_lm, samples):
     out = []
     for s in samples:
         ids = torch.tensor([s.token_ids])
-        mb = SimpleNamespace(seq_T=torch.zeros_like(ids), position_ids=torch.arange(ids.shape[1])[None])
+        mb = SimpleNamespace(
+            seq_T=torch.zeros_like(ids), position_ids=torch.arange(ids.shape[1])[None]
+        )
         replay.prepare([s])
         lps = []
         for on in (True, False):

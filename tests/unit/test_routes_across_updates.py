@@ -157,7 +157,7 @@ def test_an_update_between_turns_replays_the_sampling_routes_on_every_trained_to
                 if turn == 1:
                     await _update(client, str(dirs[1]), "1")
 
-                async def one(i: int) -> None:
+                async def one(i: int, turn: int = turn) -> None:
                     routes, ids, turns = state[i]
                     start = routes.start()
                     froms[i].append(start)
