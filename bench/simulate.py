@@ -132,7 +132,8 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
 
 
 def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
-              steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1) -> dict:  # fmt: skip
+              steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1,
+              extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """``path``'s table on 8 x ``gpu`` in steady state (``sim/throughput.py``); ``full``:
     ``stalenesses``, else the recipe's own. ``quick``: 4+4 and colocated at max_staleness 1,
     9 steps: too short for a steady state, which the rows say."""
@@ -147,7 +148,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
                 "splits": tuple(splits or SPLITS)})  # fmt: skip
     if not full:
         kw["stalenesses"] = (cfg.max_staleness,)
-    rows = sweep(path, gpu, jobs=jobs, **kw)
+    rows = sweep(path, gpu, jobs=jobs, extra=list(extra), **kw)
     table = format_rows(rows)
     hint = faster_placement(rows, current_split(cfg), cfg.schedule, cfg.max_staleness)
     print(f"{path.stem} on 8 x {gpu}\n{table}\n{hint}", file=sys.stderr, flush=True)
@@ -202,6 +203,15 @@ def main() -> None:
     )
     ap.add_argument("--staleness", default=STALENESS, help="max_staleness values (async)")
     ap.add_argument("--splits", default=",".join(SPLITS), help="placements to simulate")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="extra",
+        metavar="KEY=VALUE",
+        help="a recipe override for every placement run (repeatable)",
+    )
+    ap.add_argument("--tag", default="", help="saved as simulate_PART_TAG.json")
     ap.add_argument("--scale-steps", type=int, default=20, help="steps of each run at scale")
     ap.add_argument("--jobs", type=int, default=1, help="placement simulations run at once")
     ap.add_argument(
@@ -254,6 +264,8 @@ def main() -> None:
         + (f" --part {args.part}" if args.part != "all" else "")
         + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
         + (f" --scale-steps {args.scale_steps}" if args.scale_steps != 20 else "")
+        + "".join(f" --set {x}" for x in args.extra)
+        + (f" --tag {args.tag}" if args.tag else "")
         + (" --save" if args.save else ""),
         "quick": args.quick,
         "hardware": machine(),
@@ -295,7 +307,7 @@ def main() -> None:
         del out["targets"]["async_over_best_sync_at_staleness_le_2"]
     if args.save:
         name = ("simulate_quick.json" if args.quick else "simulate.json" if args.part == "all"
-                else f"simulate_{args.part}.json")  # fmt: skip
+                else f"simulate_{args.part}{'_' + args.tag if args.tag else ''}.json")  # fmt: skip
         (ROOT / "bench" / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
 
