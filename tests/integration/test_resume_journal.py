@@ -22,13 +22,15 @@ from spade_async.episodes import recovery as rc
 EVERY = 4  # checkpoint_every: the kill lands after step EVERY + 2, before step 2 * EVERY
 
 
-def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> subprocess.Popen:
+def _start(
+    tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int, schedule: str
+) -> subprocess.Popen:
     pool = tmp_path / "pool"
     pool.mkdir(exist_ok=True)
     shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
     args = [
         "mode=fixed_pool",
-        "schedule=async",
+        f"schedule={schedule}",
         f"model={tiny_model}",
         f"max_steps={max_steps}",
         "replay_envs=2",
@@ -108,9 +110,10 @@ def _wait_for_trained_step(run_dir: Path, proc: subprocess.Popen, step: int) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_kill9_between_checkpoints_loses_no_finished_episode(tiny_model, tmp_path):
+@pytest.mark.parametrize("schedule", ["async", "sync"])
+def test_kill9_between_checkpoints_loses_no_finished_episode(tiny_model, tmp_path, schedule):
     run_dir = tmp_path / "run"
-    proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
+    proc = _start(tiny_model, tmp_path, run_dir, max_steps=50, schedule=schedule)
     _wait_for_trained_step(run_dir, proc, EVERY + 2)
     proc.kill()  # SIGKILL between checkpoints EVERY and 2 * EVERY
     proc.wait(timeout=30)
@@ -136,7 +139,7 @@ def test_kill9_between_checkpoints_loses_no_finished_episode(tiny_model, tmp_pat
     assert [t.step for t in rec.redo] == list(range(done + 1, done + 1 + len(rec.redo)))
 
     max_steps = done + len(rec.redo) + 2
-    resumed = _start(tiny_model, tmp_path, run_dir, max_steps=max_steps)
+    resumed = _start(tiny_model, tmp_path, run_dir, max_steps=max_steps, schedule=schedule)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     records = _records(run_dir)
@@ -149,7 +152,7 @@ def test_kill9_between_checkpoints_loses_no_finished_episode(tiny_model, tmp_pat
     trained_back = last.get("resume/requeued_trained", 0)
     lost_within = (redo_eps + len(usable)) - (redone + trained_back)
     print(
-        f"\nkill -9 after step {EVERY + 2} (checkpoint {done}): journal held "
+        f"\n{schedule}: kill -9 after step {EVERY + 2} (checkpoint {done}): journal held "
         f"{len(rec.redo)} trained step(s) ({redo_eps} episodes) and {len(pending)} finished "
         f"unconsumed episode(s) ({len(usable)} within max_staleness of version {after_redo}, "
         f"{len(stale)} stale, {len(ahead)} ahead), {rec.lost['unfinished']} unfinished, "
