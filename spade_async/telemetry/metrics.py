@@ -62,6 +62,12 @@ kind = "step" -- one per trainer step (what the dashboard, TensorBoard and W&B p
   audit/dropped_samples      int    cumulative untrained episodes of quarantined environments
   audit/env_calls            int    cumulative environment calls of audits (solution fetch
                                     included); their engine tokens are 0 by construction
+  resume/lost/<reason>       int    cumulative finished episodes a resume could not train
+                                    again: unfinished, torn, corrupt, stale, ahead
+                                    (stale_samples: samples of redone steps; docs/resume.md);
+                                    resume/redone_steps, resume/redone_episodes,
+                                    resume/requeued, resume/requeued_trained; resume/redo:
+                                    true on the row of a step redone from the journal
   (any other numeric key, e.g. loss/policy, goes to the sinks and the dashboard's "other")
 
 kind = "env" -- one per judged environment (the dashboard's latest-environments table):
