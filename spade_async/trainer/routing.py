@@ -215,7 +215,9 @@ class Replay:
 
     def metrics(self, metrics: dict[str, float], counts: list[float]) -> None:
         """The step's route metrics from its summed ``counts`` (``step_values``' order,
-        over every rank), and the one-line warning when the replayed share is low."""
+        over every rank), and the one-line warning when the replayed share is low. The
+        ``route_free_*`` reasons but ``layout`` are host counts over the whole batch (each
+        rank prepares every sample), not summed over ranks."""
         mismatched, drifted, routed, replayed, needed, layout = counts
         metrics["route_mismatch"] = mismatched / routed if routed else 0.0
         metrics["route_drift"] = drifted / routed if routed else 0.0
