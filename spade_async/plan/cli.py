@@ -1,11 +1,15 @@
 """``spade plan RECIPE --throughput``: the recipe's step time by placement, simulated.
 
 Runs the project's own loop in virtual time (``spade_async/sim``) for every split of the
-node's 8 GPUs (2+6, 4+4, 6+2, colocated) under the sync schedule and the async one at each
-``max_staleness``, prints one table, and names a placement more than 10% faster than the
-recipe's own (minutes: 16 simulations of 9 steps for a full table). A GPU or model the
-cost model lacks is refused in one line naming the parameters to supply (``--costs FILE``
-with ``[gpu.NAME]`` / ``[model.NAME]``).
+node's 8 GPUs (2+6, 4+4, 6+2, colocated by default; 3+5 and 5+3 on request) under the sync
+schedule and the async one at each ``max_staleness``, prints one table in steady state (the
+first and last regeneration windows left out; a row that has not settled says so instead
+of a figure), marks the best sync and the best async placement, gives each async row over
+the best sync placement and over sync on its own split, and names a placement more than
+10% faster than the recipe's own (minutes: ``--jobs N`` runs N simulations at once). A GPU
+or model the cost model lacks is refused in one line naming the parameters to supply
+(``--costs FILE`` with ``[gpu.NAME]`` / ``[model.NAME]``). How the figures are made and
+checked: docs/throughput.md.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main(argv: list[str]) -> int:
         help="simulated steps per run, 1..1000 (default: six regeneration windows + 1)",
     )
     ap.add_argument("--staleness", default="0,1,2,3", help="max_staleness values (async)")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     ap.add_argument("--splits", default="2+6,4+4,6+2,colocated", help="placements to try")
     ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
                     help="a recipe override for every run (repeatable)")  # fmt: skip
@@ -59,7 +64,8 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)  # fmt: skip
     rows = sweep(args.recipe, args.gpu, steps=steps, stalenesses=stale, splits=splits,
                  extra=args.extra, costs_file=args.costs,
-                 progress=lambda r: print(".", end="", file=sys.stderr, flush=True))  # fmt: skip
+                 progress=lambda r: print(".", end="", file=sys.stderr, flush=True),
+                 jobs=max(1, args.jobs))  # fmt: skip
     print(file=sys.stderr)
     mine = current_split(cfg)
     print(f"{cfg.name}: 8 x {args.gpu}; the recipe runs {mine}, {cfg.schedule}, "
