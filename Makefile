@@ -92,6 +92,7 @@ test-browser: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check spade_async kernels bench tests requirements
 	$(BIN)/ruff format --check spade_async kernels bench requirements
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/$(NAME).py $(ARGS)

@@ -317,3 +317,18 @@ def check(cfg: Config) -> None:
                 f"designer.family = {cfg.designer.family!r} builds games; "
                 f"set designer.setting = 'games' (not {cfg.designer.setting!r})"
             )
+
+
+def read_run_config(path: Path) -> tuple[dict, Config, list[str]]:
+    """A run's ``config.toml`` for the commands that read a run (report, episode replay):
+    (the TOML, the typed ``Config``, keys this version does not know). A file that is not
+    TOML or holds a value of the wrong type is refused with the ``ConfigError`` a resume
+    gives (one line, exit 2); unknown keys (an older or newer run) are only listed."""
+    from spade_async.config import convert, known_only, read_toml
+
+    data = read_toml(path)
+    kept, unknown = known_only(Config, data)
+    try:
+        return data, convert(Config, kept), unknown
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}; fix the value (a resume refuses it too)") from None

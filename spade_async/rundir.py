@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -115,22 +114,6 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_run_config(path: Path) -> tuple[dict, Any, list[str]]:
-    """A run's ``config.toml`` for the commands that read a run (report, episode replay):
-    (the TOML, the typed ``Config``, keys this version does not know). A file that is not
-    TOML or holds a value of the wrong type is refused with the ``ConfigError`` a resume
-    gives (one line, exit 2); unknown keys (an older or newer run) are only listed."""
-    from spade_async.config import convert, known_only, read_toml
-    from spade_async.recipe import Config
-
-    data = read_toml(path)
-    kept, unknown = known_only(Config, data)
-    try:
-        return data, convert(Config, kept), unknown
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}; fix the value (a resume refuses it too)") from None
 
 
 def require_dir(path: Path, what: str) -> Path:

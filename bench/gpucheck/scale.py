@@ -43,7 +43,7 @@ def _push(trainer, kind: str) -> dict:
     import tempfile
     from pathlib import Path
 
-    from spade_async.trainer.weights import _shm_root
+    from spade_async.trainer.push_common import shm_root as _shm_root
 
     root = Path(tempfile.mkdtemp(dir=_shm_root(""), prefix="spade-gpucheck-push-"))
     try:

@@ -9,7 +9,8 @@ import anyio
 
 from spade_async import placement, recipe
 from spade_async.errors import ConfigError
-from spade_async.rundir import RunDir, default_run_dir, read_run_config
+from spade_async.recipe import read_run_config
+from spade_async.rundir import RunDir, default_run_dir
 
 
 def main(argv: list[str]) -> int:

@@ -43,7 +43,7 @@ def sources(run_dir: Path) -> Callable[[str], str | None]:
     """env_id -> the source the run holds for it (memory first, then ``envs/<id>.py``)."""
     store = None
     if (run_dir / "memory.lmdb" / "data.mdb").is_file():
-        from spade_async.memory.integrity import open_checked
+        from spade_async.memory.store import open_checked
 
         store = open_checked(run_dir / "memory.lmdb")  # damaged: one line, exit 2
     cache: dict[str, str | None] = {}
@@ -69,7 +69,7 @@ def pool_config(run_dir: Path) -> PoolConfig:
     config.toml that is not TOML or holds a wrong type is refused as a resume refuses it."""
     cfg = PoolConfig()
     if (run_dir / "config.toml").is_file():
-        from spade_async.rundir import read_run_config
+        from spade_async.recipe import read_run_config
 
         cfg = read_run_config(run_dir / "config.toml")[1].envs
     return msgspec.structs.replace(cfg, prewarm=0, max_workers=min(cfg.max_workers, 4))

@@ -32,8 +32,7 @@ from spade_async.generation.client import GenerationClient
 from spade_async.launch.external import attach
 from spade_async.launch.router import RoutedClient, running_router
 from spade_async.loop.lora import AdapterBook
-from spade_async.memory.integrity import open_checked
-from spade_async.memory.store import MemoryStore
+from spade_async.memory.store import MemoryStore, open_checked
 from spade_async.memory.writer import MemoryWriter
 from spade_async.models import load_tokenizer, resolve_model
 from spade_async.placement import trainer_process

@@ -18,9 +18,8 @@ import msgspec
 
 from spade_async.cli.corpus import Parser
 from spade_async.errors import ConfigError
-from spade_async.memory.integrity import open_checked
 from spade_async.memory.records import EnvRecord, safe_id, skill_problem
-from spade_async.memory.store import MemoryStore
+from spade_async.memory.store import MemoryStore, open_checked
 from spade_async.safe_text import json_line, term
 
 

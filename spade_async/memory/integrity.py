@@ -10,7 +10,7 @@ raise ``lmdb.CorruptedError``; one garbled record raises a decode error. So:
 - ``probe``: a child process opens the store read-only and reads every page a reader can
   reach (every table, every record decoded and checked by ``records.record_problem``). A
   signal, an LMDB error or a bad record is its answer; the command never crashes.
-- ``open_checked``: both, then the store: every command that reads a run's memory opens
+- ``store.open_checked``: both, then the store: every command that reads a run's memory opens
   it here and turns damage into one line (``DamagedMemory``, exit 2) naming the fix.
 - ``repair.scan`` and ``repair.repair`` (``spade memory verify RUN --repair``): every
   record still in the file is found by reading real pages directly (``memory.pages``: the
@@ -182,20 +182,6 @@ def describe(found: dict) -> str | None:
         n, total = len(found["bad"]), found["records"]
         return f"{n} of {total} records unreadable, e.g. '{key[:16]}': {what}"
     return None
-
-
-def open_checked(path: str | Path, config=None, *, readonly: bool = True):
-    """The store at ``path`` once ``problem`` finds nothing; ``DamagedMemory`` otherwise."""
-    from spade_async.memory import swap
-    from spade_async.memory.store import MemoryStore
-
-    path = Path(path)
-    swap.finish(path)  # a repair a kill interrupted: completed first
-    if (path / "data.mdb").is_file():
-        why = problem(path)
-        if why is not None:
-            raise damaged(path, why)
-    return MemoryStore(path, config, readonly=readonly)
 
 
 if __name__ == "__main__" and sys.argv[2:3] == ["--probe"]:

@@ -319,3 +319,16 @@ class MemoryStore:
                 txn.put(k, v, db=self.db[t])
 
         self._write(rebuild)
+
+
+def open_checked(path: str | Path, config=None, *, readonly: bool = True):
+    """The store at ``path`` once ``integrity.problem`` finds nothing; ``DamagedMemory`` otherwise."""
+    from spade_async.memory import integrity, swap
+
+    path = Path(path)
+    swap.finish(path)  # a repair a kill interrupted: completed first
+    if (path / "data.mdb").is_file():
+        why = integrity.problem(path)
+        if why is not None:
+            raise integrity.damaged(path, why)
+    return MemoryStore(path, config, readonly=readonly)

@@ -18,7 +18,7 @@
    ``memory.lmdb`` aside, then the fresh one in;
 5. removes the journal.
 
-``finish(path)`` runs before every open of a store (``MemoryStore``, ``open_checked``,
+``finish(path)`` runs before every open of a store (``MemoryStore``, ``store.open_checked``,
 ``spade memory verify``; a resume included): when a journal is there it completes the
 swap: the fresh store is recognised by its inode, so it is never mistaken for the
 damaged one whichever step the kill came after, and never taken from a symlink. Before

@@ -76,7 +76,7 @@ def load_run(path: str | Path) -> Run:
 def _load_config(run: Run) -> None:
     """The run's settings; a config.toml that is not TOML or holds a value of the wrong
     type is refused as a resume refuses it; keys an older version wrote are ignored."""
-    from spade_async.rundir import read_run_config
+    from spade_async.recipe import read_run_config
 
     path = run.root / "config.toml"
     if not path.is_file():
@@ -137,7 +137,8 @@ def _load_memory(run: Run) -> None:
     if not (run.root / "memory.lmdb" / "data.mdb").is_file():
         run.missing.append("memory.lmdb: absent (no environment archive)")
         return
-    from spade_async.memory.integrity import DamagedMemory, open_checked
+    from spade_async.memory.integrity import DamagedMemory
+    from spade_async.memory.store import open_checked
 
     try:
         with open_checked(run.root / "memory.lmdb") as store:  # read whole by a child first
@@ -266,7 +267,7 @@ def audit_outcomes(run: Run) -> dict[str, int]:
             out[label] = int(last[key] or 0)
     for prefix, label in (("audit/failed/", "failed"), ("audit/quarantined/", "quarantined")):
         for k in sorted(k for k in last if k.startswith(prefix)):
-            out[f"{label}: {k[len(prefix):]}"] = int(last[k] or 0)
+            out[f"{label}: {k[len(prefix) :]}"] = int(last[k] or 0)
     if "audit/dropped_samples" in last:
         out["samples dropped"] = int(last["audit/dropped_samples"] or 0)
     return out

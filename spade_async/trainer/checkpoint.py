@@ -21,49 +21,26 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from spade_async.errors import SpadeError
+from spade_async.trainer.push_common import PREFIX, barrier, is_dist
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "export_hf"]
-
-PREFIX = "causal_lm."
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-    "added_tokens.json",
-)
 
 
 class CheckpointError(SpadeError):
     """A checkpoint that cannot be loaded into this trainer (missing, or another model)."""
 
 
-def _dist() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 @contextlib.contextmanager
 def _single_process_ok():
     """DCP warns when used without a process group; in one process that is what we mean."""
     with warnings.catch_warnings():
-        if not _dist():
+        if not is_dist():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _barrier() -> None:
-    if _dist():
-        dist.barrier()
 
 
 def _shapes(model: torch.nn.Module) -> dict[str, list[int]]:
@@ -77,7 +54,7 @@ def save_checkpoint(trainer, directory: str | Path) -> Path:
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     with _single_process_ok():
         dcp.save(
-            {"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), no_dist=not _dist()
+            {"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), no_dist=not is_dist()
         )
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -95,7 +72,7 @@ def save_checkpoint(trainer, directory: str | Path) -> Path:
         tmp = path / "trainer.json.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, path / "trainer.json")
-    _barrier()
+    barrier()
     return path
 
 
@@ -131,7 +108,7 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path), no_dist=not _dist())
+        dcp.load(state, checkpoint_id=str(path), no_dist=not is_dist())
     set_state_dict(
         trainer.model,
         trainer.optimizer,
@@ -147,7 +124,7 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    _barrier()
+    barrier()
     return meta
 
 

@@ -31,7 +31,7 @@ PREFIX = "spade-weights-"
 
 def export_roots(shm_dir: str = "") -> list[Path]:
     """Where exports may live: ``shm_dir`` when one is configured, else /dev/shm and the
-    temp dir (``weights._shm_root``'s choice depends on /dev/shm being writable)."""
+    temp dir (``push_common.shm_root``'s choice depends on /dev/shm being writable)."""
     if shm_dir:
         return [Path(shm_dir)]
     roots = [Path("/dev/shm"), Path(tempfile.gettempdir())]

@@ -24,6 +24,15 @@ from collections.abc import Callable
 
 import httpx
 
+from spade_async.trainer.push_common import (
+    WeightPushError,
+    check_reply,
+    paused,
+    session,
+    verify_version,
+    with_last,
+)
+
 __all__ = ["my_gpu", "tp_assignment", "push_tensor"]
 
 
@@ -88,7 +97,6 @@ def push_tensor(
     ``collectives`` = (gather to rank 0, all-gather) over the trainer ranks; the default
     uses the control group (tests pass fakes). Rank 0 returns {URL: version}, others {}."""
     from spade_async.trainer.stream import bucketed, engine_dtype
-    from spade_async.trainer.weights import WeightPushError, _paused, _session, _verify, _with_last
 
     gather, all_gather = collectives or _default_collectives(trainer)
     rank_gpus = all_gather(my_gpu(trainer))
@@ -116,11 +124,11 @@ def push_tensor(
         with contextlib.ExitStack() as stack:
             if client is not None:
                 try:  # pause, then SGLang's weight-update session (refused outside one)
-                    stack.enter_context(_paused(client, urls, pause_mode, stats))
-                    stack.enter_context(_session(client, urls))
+                    stack.enter_context(paused(client, urls, pause_mode, stats))
+                    stack.enter_context(session(client, urls))
                 except WeightPushError as exc:
                     error = str(exc)  # the other ranks still meet rank 0 in the first bucket
-            for chunk, last in _with_last(chunks):
+            for chunk, last in with_last(chunks):
                 # one serialisation per TP rank, of this rank's own copy of the bucket
                 payloads = gather({key: ser(chunk) for key in mine})
                 if client is not None and not error:
@@ -139,7 +147,7 @@ def push_tensor(
                     error = str(exc)
                 raise WeightPushError(error)
         # sessions ended and engines continued (a failure there raised): check versions
-        return {url: _verify(client, url, trainer.version) for url in urls}
+        return {url: verify_version(client, url, trainer.version) for url in urls}
     finally:
         if client is not None:
             client.close()
@@ -147,7 +155,6 @@ def push_tensor(
 
 def _post_bucket(client, engines, payloads, flush: bool, trainer) -> str:
     """POST one bucket to every engine; '' or the first refusal's one line."""
-    from spade_async.trainer.weights import WeightPushError, _check
 
     try:
         got = {k: v for part in payloads for k, v in part.items()}
@@ -157,7 +164,7 @@ def _post_bucket(client, engines, payloads, flush: bool, trainer) -> str:
                 "flush_cache": flush,
                 "weight_version": str(trainer.version),
             }
-            _check(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
+            check_reply(e["url"], client.post(f"{e['url']}/update_weights_from_tensor", json=body))
     except (httpx.HTTPError, WeightPushError) as exc:
         return str(exc) or type(exc).__name__
     return ""

@@ -24,6 +24,16 @@ from torch import nn
 from spade_async.errors import ConfigError
 from spade_async.generation.lora import adapter_name
 from spade_async.trainer.config import LoraConfig
+from spade_async.trainer.push_common import (
+    ADAPTER,
+    PREFIX,
+    WeightPushError,
+    barrier,
+    base_name,
+    check_reply,
+    lora_pairs,
+    shm_root,
+)
 
 __all__ = [
     "inject",
@@ -37,7 +47,6 @@ __all__ = [
     "push_adapter",
 ]
 
-ADAPTER = "default"
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -77,23 +86,6 @@ def inject(causal_lm: nn.Module, cfg: LoraConfig, seed: int = 0) -> nn.Module:
 
 def is_adapted(causal_lm: nn.Module) -> bool:
     return hasattr(causal_lm, "peft_config")
-
-
-def base_name(hf: str) -> str:
-    """``...q_proj.base_layer.weight`` -> ``...q_proj.weight`` (the HF name)."""
-    return hf.replace(".base_layer.", ".")
-
-
-def lora_pairs(named: dict[str, nn.Parameter]) -> dict[str, tuple[str, str]]:
-    """HF weight name -> (its lora_A name, its lora_B name) in ``named``."""
-    out = {}
-    for name in named:
-        if name.endswith(".base_layer.weight"):
-            module = name.removesuffix(".base_layer.weight")
-            a, b = f"{module}.lora_A.{ADAPTER}.weight", f"{module}.lora_B.{ADAPTER}.weight"
-            if a in named and b in named:
-                out[base_name(name)] = (a, b)
-    return out
 
 
 def peft_key(name: str) -> str:
@@ -146,7 +138,6 @@ class adapters_off:
 def adapter_tensors(trainer, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every rank calls this (the gathers are collective): peft-keyed full adapter tensors
     in ``dtype`` on CPU; the base is not touched."""
-    from spade_async.trainer.checkpoint import PREFIX
     from spade_async.trainer.stream import _full
 
     out = {}
@@ -166,7 +157,6 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
 
     from safetensors.torch import save_file
 
-    from spade_async.trainer.checkpoint import _barrier
     from spade_async.trainer.stream import engine_dtype
 
     dtype = dtype or engine_dtype(trainer.model_dir, sglang_auto=False)
@@ -185,7 +175,7 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(target)
-    _barrier()
+    barrier()
     return target
 
 
@@ -219,7 +209,6 @@ def push_adapter(
     import httpx
 
     from spade_async.trainer.stream import engine_dtype
-    from spade_async.trainer.weights import WeightPushError, _check, _shm_root
 
     pushed: list[str] = list(getattr(trainer, "pushed_adapters", []))
     busy = set(taken) | set(pushed)
@@ -227,7 +216,7 @@ def push_adapter(
     while adapter_name(trainer.version, again) in busy:
         again += 1
     name = adapter_name(trainer.version, again)
-    root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
+    root = shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"lora-{name.removeprefix('spade-')}"
     export_adapter(trainer, target, engine_dtype(trainer.model_dir, dtype, sglang_auto=False))
     if trainer.rank != 0:
@@ -246,7 +235,9 @@ def push_adapter(
             old, pushed = pushed[: -1 - keep], pushed[-1 - keep :]
             for n in old:
                 for url in engines:
-                    _check(url, client.post(f"{url}/unload_lora_adapter", json={"lora_name": n}))
+                    check_reply(
+                        url, client.post(f"{url}/unload_lora_adapter", json={"lora_name": n})
+                    )
         else:
             pushed = [name]
     trainer.pushed_adapters = pushed

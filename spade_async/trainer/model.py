@@ -302,6 +302,7 @@ def load_policy(
             wrap=lambda lm: _wrap(cfg, lm, device),
             adapt=adapt,
             offload=cfg.offload == "optimizer",  # shards on the host (sharded.placement)
+            experts=experts_kwargs(model_dir),
         )
     causal_lm = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation=impl, **experts_kwargs(model_dir)

@@ -51,6 +51,7 @@ def load_sharded(
     wrap: Callable[[nn.Module], nn.Module],
     adapt: Callable[[nn.Module], nn.Module] | None = None,
     offload: bool = False,
+    experts: dict | None = None,
 ) -> nn.Module:
     """The FSDP2-sharded, fully loaded module that ``wrap(causal_lm)`` returns (``wrap``
     makes the PolicyModel and applies fully_shard; it runs on the meta model). ``adapt``
@@ -61,9 +62,7 @@ def load_sharded(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spade_async.trainer.model import experts_kwargs
-
-    experts = experts_kwargs(model_dir)
+    experts = experts or {}  # model.experts_kwargs: how MoE experts load
     rank0 = dist.get_rank() == 0
     source = None
     if rank0:  # the checkpoint once, on CPU, in its own dtype

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from spade_async.trainer.checkpoint import PREFIX, TOKENIZER_FILES, _barrier
+from spade_async.trainer.push_common import PREFIX, TOKENIZER_FILES, barrier, base_name, lora_pairs
 
 __all__ = [
     "engine_dtype",
@@ -64,8 +64,6 @@ def plan(trainer, dtype: torch.dtype) -> list[tuple[str, torch.nn.Parameter, tor
     """(HF name, parameter, meta tensor of its full shape in ``dtype``), tied lm_head left out.
     With LoRA the adapted weights keep their HF names (merged in ``bucketed``) and the
     adapters themselves are not listed."""
-    from spade_async.trainer.lora import base_name
-
     tied = getattr(trainer.model.causal_lm.config, "tie_word_embeddings", False)
     out = []
     for name, p in trainer.model.named_parameters():
@@ -127,8 +125,6 @@ def bucketed(
     params = {name: p for name, p, _ in items}
     pairs, named = {}, {}
     if getattr(getattr(trainer, "cfg", None), "lora", None) is not None:
-        from spade_async.trainer.lora import lora_pairs
-
         named = {n.removeprefix(PREFIX): p for n, p in trainer.model.named_parameters()}
         pairs = lora_pairs(named)
     # offloaded shards are gathered on the host: move the full tensors to the device
@@ -189,5 +185,5 @@ def export_safetensors(trainer, target: Path, dtype: torch.dtype, shard_bytes: i
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _barrier()
+    barrier()
     return target

@@ -43,20 +43,26 @@ Side effects: importing SGLang (GPU paths only) sets multiprocessing to spawn.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import torch
 
-from spade_async.errors import SpadeError
 from spade_async.trainer.group import ensure_group
 from spade_async.trainer.ipc import push_tensor
+from spade_async.trainer.push_common import (
+    WeightPushError,
+    check_reply,
+    paused,
+    post,
+    session,
+    shm_root,
+    verify_version,
+    with_last,
+)
 from spade_async.trainer.stream import (
     DISK_SHARD_BYTES,
     bucketed,
@@ -75,137 +81,6 @@ __all__ = [
 ]
 
 
-class WeightPushError(SpadeError):
-    """An engine refused the weights or reports another version than the trainer's."""
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json() if resp.content else {}
-    except ValueError:
-        return resp.text[:300] or f"HTTP {resp.status_code}"
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if body.get("message"):
-            return str(body["message"])
-    return resp.text[:300] or f"HTTP {resp.status_code}"
-
-
-def _check(url: str, resp: httpx.Response) -> dict:
-    """SGLang's answer, or one WeightPushError naming the engine, the route and its message
-    (SGLang answers a refused update with HTTP 400 and ``{"success": false, "message"}``)."""
-    try:
-        body = resp.json() if resp.content else {}
-    except ValueError:
-        body = {}
-    body = body if isinstance(body, dict) else {}
-    if resp.status_code != 200 or not body.get("success", True):
-        req = resp.request
-        raise WeightPushError(
-            f"engine {url} refused {req.method} {req.url.path} (HTTP {resp.status_code}): "
-            f"{_message(resp)}"
-        )
-    return body
-
-
-def _post(client: httpx.Client, url: str, route: str, body: dict) -> dict:
-    try:
-        resp = client.post(f"{url}{route}", json=body)
-    except httpx.HTTPError as exc:
-        raise WeightPushError(
-            f"engine {url}: POST {route} failed ({type(exc).__name__}: {exc})"
-        ) from None
-    return _check(url, resp)
-
-
-def _verify(client: httpx.Client, url: str, version: int) -> str:
-    got = client.get(f"{url}/model_info").json().get("weight_version")  # SGLang 0.5.23
-    if str(got) != str(version):
-        raise WeightPushError(
-            f"engine {url} reports weight version {got!r} after the push, trainer is at {version}"
-        )
-    return str(got)
-
-
-@contextlib.contextmanager
-def _bracket(opened: list[str], close: Callable[[str], None]):
-    """Run the body, then ``close`` every engine in ``opened`` (filled by the caller as it
-    opens them), all of them whatever fails; close errors are never swallowed: they end the
-    push, joined to the body's error when there is one (one error, every engine named)."""
-    failed: BaseException | None = None
-    try:
-        yield
-    except BaseException as exc:
-        failed = exc
-        raise
-    finally:
-        errors = []
-        for url in opened:
-            try:
-                close(url)
-            except WeightPushError as exc:
-                errors.append(str(exc))
-        if errors:
-            first = f"{failed}; then " if failed is not None and str(failed) else ""
-            raise WeightPushError(first + "; ".join(errors)) from failed
-
-
-@contextlib.contextmanager
-def _paused(client: httpx.Client | None, urls: list[str], mode: str, stats: dict | None):
-    """Pause generation on every engine for the body (no-op when ``mode`` is empty or on
-    ranks without a client). Every engine a pause was sent to is continued, whatever fails
-    (a refused pause on engine k still continues engines 0..k)."""
-    if not mode or client is None:
-        yield
-        return
-    t0, sent = time.perf_counter(), []
-    try:
-        with _bracket(sent, lambda url: _post(client, url, "/continue_generation", {})):
-            for url in urls:
-                sent.append(url)  # before: a pause that failed in flight may still have landed
-                _post(client, url, "/pause_generation", {"mode": mode})
-            yield
-    finally:
-        if stats is not None:
-            stats["paused_s"] = stats.get("paused_s", 0.0) + time.perf_counter() - t0
-
-
-def _begin(client: httpx.Client, url: str) -> None:
-    """``/begin_weight_update``. A trainer killed mid-push leaves its session open (SGLang
-    then refuses a second begin): that one is closed first, then a new one opened."""
-    try:
-        _post(client, url, "/begin_weight_update", {})
-    except WeightPushError as exc:
-        if "already open" not in str(exc):
-            raise
-        _post(client, url, "/end_weight_update", {})
-        _post(client, url, "/begin_weight_update", {})
-
-
-@contextlib.contextmanager
-def _session(client: httpx.Client | None, urls: list[str]):
-    """SGLang's weight-update session on every engine around the body:
-    ``update_weights_from_distributed``/``_tensor`` are refused outside one
-    (``sglang_state.SESSION_ROUTES``). Every opened session is closed, whatever fails."""
-    if client is None:
-        yield
-        return
-    opened: list[str] = []
-    with _bracket(opened, lambda url: _post(client, url, "/end_weight_update", {})):
-        for url in urls:
-            _begin(client, url)
-            opened.append(url)
-        yield
-
-
-def _shm_root(shm_dir: str) -> Path:
-    if shm_dir:
-        return Path(shm_dir)
-    return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
-
-
 def push_disk(
     trainer,
     engines: list[str],
@@ -217,7 +92,7 @@ def push_disk(
     stats: dict | None = None,
     dtype: str = "",
 ) -> dict[str, str]:
-    root = _shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
+    root = shm_root(shm_dir) / f"spade-weights-{os.getppid()}"
     target = root / f"v{trainer.version}"
     # engines keep generating meanwhile; the export is in their dtype, one shard at a time
     as_dtype = engine_dtype(trainer.model_dir, dtype, sglang_auto=False)
@@ -229,11 +104,11 @@ def push_disk(
         body = {"model_path": str(target), "weight_version": str(trainer.version)}
         if pause_mode == "in_place":
             body["flush_cache"] = False
-        with _paused(client, engines, pause_mode, stats):  # no session: SGLang's disk
+        with paused(client, engines, pause_mode, stats):  # no session: SGLang's disk
             for url in engines:  # update needs none (sglang_state.SESSION_ROUTES)
-                _post(client, url, "/update_weights_from_disk", body)
+                post(client, url, "/update_weights_from_disk", body)
         for url in engines:
-            out[url] = _verify(client, url, trainer.version)
+            out[url] = verify_version(client, url, trainer.version)
     for old in root.iterdir():  # every engine has loaded the new one: drop older exports
         if old != target:
             shutil.rmtree(old, ignore_errors=True)
@@ -283,7 +158,7 @@ def push_distributed(
             master_port=master_port,
             init_group=init_group or _sglang_group,
             destroy_group=destroy_group,
-            check=_check,
+            check=check_reply,
         )
         group, name = wg.group, wg.name
         bcast = broadcast or _nccl_broadcast
@@ -291,9 +166,9 @@ def push_distributed(
         urls = [e["url"] for e in engines]
         deadline = time.monotonic() + timeout
         # buckets stream: one bucket of full tensors exists at a time (FSDP all-gathers)
-        it = _with_last(chunks)
+        it = with_last(chunks)
         try:
-            with _paused(client, urls, pause_mode, stats), _session(client, urls):
+            with paused(client, urls, pause_mode, stats), session(client, urls):
                 for chunk, last in it:
                     parts = flat_buckets(chunk)
                     for j, part in enumerate(parts):
@@ -312,13 +187,13 @@ def push_distributed(
                         flat = flatten(part)  # SGLang's FlattenedTensorBucket layout
                         _broadcast_watching(bcast(flat, group), futures, urls, deadline, names)
                         for u, f in zip(urls, futures, strict=True):
-                            _check(u, _result(f, u, route, deadline))
+                            check_reply(u, _result(f, u, route, deadline))
         except BaseException:
             wg.epoch = -2  # a broken bucket may leave the group mid-collective: a new one
             for _ in it:  # the other ranks' all-gathers still need this rank
                 pass
             raise
-        return {u: _verify(client, u, trainer.version) for u in urls}
+        return {u: verify_version(client, u, trainer.version) for u in urls}
 
 
 def flat_buckets(chunk: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
@@ -357,7 +232,7 @@ def _broadcast_watching(work, futures, urls, deadline: float, names: list[str]) 
         for u, f in zip(urls, futures, strict=True):
             if f.done():
                 resp = f.result()
-                _check(u, resp)  # a refusal raises; a success comes after the broadcast
+                check_reply(u, resp)  # a refusal raises; a success comes after the broadcast
         if time.monotonic() > deadline:
             raise WeightPushError(
                 f"NCCL broadcast of {len(names)} tensors ({names[0]}, ...) not received by "
@@ -377,19 +252,6 @@ def _result(future, url: str, route: str, deadline: float) -> httpx.Response:
         raise WeightPushError(
             f"engine {url}: POST {route} failed ({type(exc).__name__}: {exc})"
         ) from None
-
-
-def _with_last(items):
-    """(item, is_last) pairs, one item of look-ahead."""
-    it = iter(items)
-    try:
-        prev = next(it)
-    except StopIteration:
-        return
-    for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True
 
 
 def _sglang_group(master_address: str, master_port: int, world: int, name: str):

@@ -14,9 +14,8 @@ import pytest
 from spade_async.cli import main as spade
 from spade_async.errors import ConfigError
 from spade_async.memory import repair, swap
-from spade_async.memory.integrity import open_checked
 from spade_async.memory.records import Origin, make_record
-from spade_async.memory.store import MemoryStore
+from spade_async.memory.store import MemoryStore, open_checked
 
 STEPS = ["created", "built", "journal", "aside", "exchanged", "kept", "done"]
 
