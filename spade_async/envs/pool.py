@@ -85,7 +85,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         tuple[str, ...],
         "installed distributions (with their requirements) that environment code may import, "
         "bound read-only into bubblewrap workers; empty = standard library only, as "
-        "ENV_CONTRACT.md requires of generated environments",
+        "docs/environments.md requires of generated environments",
     ) = ()
 
 

@@ -1,4 +1,4 @@
-"""The validation gates of ENV_CONTRACT.md, in order; the first failure classifies the file.
+"""The validation gates of docs/environments.md, in order; the first failure classifies the file.
 
 syntax -> structure -> load -> reset -> step -> determinism -> not_done_at_reset ->
 feasibility, with the resource stages (timeout, memory, crash, output_too_large, protocol)

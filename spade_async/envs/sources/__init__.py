@@ -6,7 +6,7 @@
     verifiers:MODULE[?size=N&attempts=A]                     a verifiers environment (installed)
 
 Each scheme's module turns the value into ordinary environment sources of ours
-(``Item``: one Python file each, the contract of ENV_CONTRACT.md) that then go through the
+(``Item``: one Python file each, the contract of docs/environments.md) that then go through the
 same validation gates, run in the same sandbox and are stored in memory like a generated
 environment, with the value recorded as its origin. A source file imports its library inside
 the sandbox worker, so the pool must bind it (``envs.packages``; ``Source.packages`` names
