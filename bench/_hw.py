@@ -46,3 +46,15 @@ def machine() -> dict:
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
     }
+
+
+def emit(result: dict, name: str, save: bool) -> None:
+    """Every bench's last words: with ``save``, ``bench/results/NAME.json`` (indented), then
+    the same object as one JSON line on stdout (the figures a reader or a test parses)."""
+    import json
+
+    if save:
+        path = Path(__file__).resolve().parent / "results" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))

@@ -72,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     import anyio
-    from _hw import machine
+    from _hw import emit, machine
 
     runs = 3 if args.quick else args.runs
     walls, gates, isolation = _cli(args.file, runs)
@@ -100,10 +100,7 @@ def main() -> None:
             "in_pool_s": [round(s, 4) for s in pooled],
         },
     }
-    line = json.dumps(out)
-    if args.save:
-        (ROOT / "bench" / "results" / "env_check.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(line)
+    emit(out, "env_check", args.save)
 
 
 if __name__ == "__main__":

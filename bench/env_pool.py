@@ -19,16 +19,14 @@ The last line printed is one JSON object; ``--save`` also writes bench/results/e
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import anyio
-from _hw import machine
+from _hw import emit, machine
 
 from spade_async.envs import protocol as P
 from spade_async.envs import sandbox
@@ -265,12 +263,7 @@ def main() -> int:
     parser.add_argument("--isolation", default="auto", choices=["auto", *sandbox.LEVELS])
     args = parser.parse_args()
     result = anyio.run(run, args)
-    line = json.dumps(result)
-    if args.save:
-        path = Path(__file__).resolve().parent / "results" / "env_pool.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
-    print(line)
+    emit(result, "env_pool", args.save)
     return 0
 
 

@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from _hw import machine  # noqa: E402
+from _hw import emit, machine  # noqa: E402
 
 from spade_async.engines import EngineConfig, running_engines  # noqa: E402
 from spade_async.eval.checker import Checker, math_equal  # noqa: E402
@@ -181,11 +181,7 @@ def main() -> int:
                 "target": "<= 120 s", "measured": literal["seconds"],
                 "met": literal["seconds"] <= 120,
             }  # fmt: skip
-    if args.save:
-        out = HERE / "results" / "eval.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    emit(result, "eval", args.save)
     return 0
 
 

@@ -19,7 +19,6 @@ Last line of output: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from _hw import machine, refuse  # noqa: E402
+from _hw import emit, machine, refuse  # noqa: E402
 
 from spade_async.errors import SpadeError  # noqa: E402
 from spade_async.generation.chat import render_prompt  # noqa: E402
@@ -240,11 +239,7 @@ def main() -> int:
             },
         },
     }
-    if args.save:
-        out = HERE / "results" / "generation.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    emit(result, "generation", args.save)
     return 0
 
 

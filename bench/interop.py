@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _hw import machine  # noqa: E402
+from _hw import emit, machine  # noqa: E402
 
 THOUSAND = "rg:basic_arithmetic,leg_counting,chain_sum,count_bits?size=250"
 
@@ -112,11 +111,7 @@ def main() -> None:
             },  # fmt: skip
         },
     }
-    line = json.dumps(out)
-    if args.save:
-        (ROOT / "bench" / "results").mkdir(exist_ok=True)
-        (ROOT / "bench" / "results" / "interop.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(line)
+    emit(out, "interop", args.save)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ writes bench/results/lora_push.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _hw import machine  # noqa: E402
+from _hw import emit, machine  # noqa: E402
 
 
 def _bytes(path: Path, pattern: str) -> int:
@@ -157,10 +156,7 @@ def main(argv=None) -> int:
             },
         },
     }
-    line = json.dumps(out)
-    if args.save:
-        (ROOT / "bench" / "results" / "lora_push.json").write_text(line + "\n")
-    print(line)
+    emit(out, "lora_push", args.save)
     return 0
 
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _hw import int_list, machine
+from _hw import emit, int_list, machine
 
 from spade_async.memory import sampling
 from spade_async.memory.ops import PutOp, StatsOp, prepare_signature
@@ -544,12 +544,7 @@ def main() -> None:
             "met": out["corpus"]["peak_rss_mb"] <= 256,
         },
     }
-    line = json.dumps(out)
-    if args.save:
-        dest = Path(__file__).parent / "results" / "memory.json"
-        dest.parent.mkdir(exist_ok=True)
-        dest.write_text(json.dumps(out, indent=2) + "\n")
-    print(line)
+    emit(out, "memory", args.save)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _hw import machine
+from _hw import emit, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "demo_run"
@@ -87,10 +87,7 @@ def main() -> None:
             },  # fmt: skip
         },
     }
-    if args.save:
-        dest = Path(__file__).parent / "results" / "report.json"
-        dest.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out))
+    emit(out, "report", args.save)
 
 
 if __name__ == "__main__":

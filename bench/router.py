@@ -25,7 +25,6 @@ Last line of output: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from _hw import machine  # noqa: E402
+from _hw import emit, machine  # noqa: E402
 
 from spade_async.engines import EngineConfig, running_engines  # noqa: E402
 from spade_async.generation.client import GenerationClient  # noqa: E402
@@ -161,10 +160,7 @@ def main() -> int:
             },
         },
     }
-    line = json.dumps(out)
-    if args.save:
-        (HERE / "results" / "router.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(line)
+    emit(out, "router", args.save)
     return 0
 
 

@@ -37,7 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _hw import machine  # noqa: E402
+from _hw import emit, machine  # noqa: E402
 
 from spade_async.generation.client import GenerationClient  # noqa: E402
 from spade_async.generation.protocol import SamplingParams  # noqa: E402
@@ -99,7 +99,9 @@ def layout_miss_step(trainer, samples: list[Sample]) -> tuple[dict, bool]:
     gate = trainer.model.causal_lm.model.layers[1].mlp.gate
     forward = gate.forward
     gate.forward = lambda h: forward(h.reshape(-1, h.shape[-1])[:-1])
-    handle = gate.register_forward_hook(lambda _m, _a, out: tuple(torch.cat([t, t[-1:]]) for t in out))
+    handle = gate.register_forward_hook(
+        lambda _m, _a, out: tuple(torch.cat([t, t[-1:]]) for t in out)
+    )
     seen: list[str] = []
 
     class Catch(logging.Handler):
@@ -186,8 +188,10 @@ def run(args) -> dict:
             "tokens": sum(len(s.token_ids) for s in samples),
             "micro_batches": with_r["micro_batches"],
         },  # fmt: skip
-        "replay": {k: with_r[k] for k in ("route_mismatch", "route_drift", "mismatch_kl",
-                                          "route_replayed_share")},
+        "replay": {
+            k: with_r[k]
+            for k in ("route_mismatch", "route_drift", "mismatch_kl", "route_replayed_share")
+        },
         "no_replay": {k: without[k] for k in ("route_mismatch", "route_drift", "mismatch_kl")},
         "step_s": {"replay": round(t_on, 4), "no_replay": round(t_off, 4)},
         "targets": targets,
@@ -200,10 +204,7 @@ def main() -> int:
     ap.add_argument("--save", action="store_true", help="write bench/results/routing_replay.json")
     args = ap.parse_args()
     result = run(args)
-    if args.save:
-        out = HERE / "results" / "routing_replay.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    emit(result, "routing_replay", args.save)
     return 0
 
 

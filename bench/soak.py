@@ -37,7 +37,7 @@ import tracemalloc
 from pathlib import Path
 
 import anyio
-from _hw import machine, refuse
+from _hw import emit, machine, refuse
 
 from spade_async.envs import sandbox, tasks
 from spade_async.envs.examples import HERE as EXAMPLES
@@ -355,10 +355,7 @@ def main() -> None:
         "errors": soak.errors[:20],
         "met": all(t["met"] for t in targets.values()),
     }
-    if args.save:
-        name = "soak_quick.json" if args.quick else "soak.json"
-        (ROOT / "bench" / "results" / name).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out))
+    emit(out, "soak_quick" if args.quick else "soak", args.save)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from _hw import int_list, machine, refuse
+from _hw import emit, int_list, machine, refuse
 
 from spade_async.models import tiny_model_dir
 from spade_async.trainer.batch import Batch, Sample
@@ -205,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "packed_vs_each_padded_layout": {f"ranks_{k}": v for k, v in vs.items()},
         "all_targets_met": worst >= 1.5,
     }
-    if args.save:
-        (HERE / "results").mkdir(exist_ok=True)
-        (HERE / "results" / "trainer.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out))
+    emit(out, "trainer", args.save)
     return 0
 
 

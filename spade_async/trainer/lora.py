@@ -32,6 +32,7 @@ from spade_async.trainer.push_common import (
     base_name,
     check_reply,
     lora_pairs,
+    replace_dir,
     shm_root,
 )
 
@@ -151,8 +152,6 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
     """Every rank calls this; rank 0 writes peft's adapter directory (adapter_config.json +
     adapter_model.safetensors) atomically: what peft's ``PeftModel.from_pretrained`` and
     SGLang's ``/load_lora_adapter`` read. Default dtype: the checkpoint's."""
-    import os
-    import shutil
     import tempfile
 
     from safetensors.torch import save_file
@@ -168,13 +167,7 @@ def export_adapter(trainer, directory: str | Path, dtype: torch.dtype | None = N
         save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
         write_adapter_config(tmp, trainer.cfg.lora, str(trainer.model_dir))
         (tmp / "spade_version.json").write_text(json.dumps({"version": trainer.version}))
-        if target.exists():
-            old = target.with_name(f".{target.name}-old-{os.getpid()}")
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        replace_dir(tmp, target)
     barrier()
     return target
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,6 +49,19 @@ def is_dist() -> bool:
 def barrier() -> None:
     if is_dist():
         dist.barrier()
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Put the finished directory ``tmp`` at ``target`` (a sibling), replacing what is there:
+    readers see the old directory or the new one, never a half-written one (the old one is
+    moved aside, the new one renamed in, then the old one removed)."""
+    if target.exists():
+        old = target.with_name(f".{target.name}-old-{os.getpid()}")
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
 
 
 def base_name(hf: str) -> str:

@@ -15,7 +15,6 @@ reload reads), else ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -23,7 +22,14 @@ from pathlib import Path
 
 import torch
 
-from spade_async.trainer.push_common import PREFIX, TOKENIZER_FILES, barrier, base_name, lora_pairs
+from spade_async.trainer.push_common import (
+    PREFIX,
+    TOKENIZER_FILES,
+    barrier,
+    base_name,
+    lora_pairs,
+    replace_dir,
+)
 
 __all__ = [
     "engine_dtype",
@@ -174,13 +180,7 @@ def export_safetensors(trainer, target: Path, dtype: torch.dtype, shard_bytes: i
                 if src.is_file():
                     shutil.copy2(src, tmp / name)
             (tmp / "spade_version.json").write_text(json.dumps({"version": trainer.version}))
-            if target.exists():
-                old = target.with_name(f".{target.name}-old-{os.getpid()}")
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
+            replace_dir(tmp, target)
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
