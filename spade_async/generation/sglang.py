@@ -186,22 +186,34 @@ class SGLangServer:
             raise
 
     async def _wait_healthy(self) -> None:
+        """Poll ``_ready`` until it says yes, the process dies (one line naming why) or
+        ``start_timeout_s`` passes (one line with what was last seen)."""
         proc, deadline = self.process, self.cfg.start_timeout_s
+        seen = ""
         async with httpx.AsyncClient(timeout=5.0) as http:
             with anyio.move_on_after(deadline):
                 while True:
                     if proc.returncode is not None:
                         raise EngineError(self._died(proc.returncode, "during start-up"))
                     try:
-                        if (await http.get(self.url + "/health")).status_code == 200:
+                        ready, seen = await self._ready(http)
+                        if ready:
                             return
                     except httpx.TransportError:
                         pass
-                    await anyio.sleep(0.5)
+                    await anyio.sleep(self.POLL_S)
         raise EngineError(
-            f"{self.kind} {self.url} not healthy within {deadline:.0f} s; "
-            f"see {self.cfg.log_path or 'its output'} (raise start_timeout_s for large models)"
+            f"{self.kind} {self.url} not {self.READY_WORD} within {deadline:.0f} s"
+            f"{f' ({seen})' if seen else ''}; see {self.cfg.log_path or 'its output'} "
+            "(raise start_timeout_s for large models)"
         )
+
+    POLL_S, READY_WORD = 0.5, "healthy"
+
+    async def _ready(self, http: httpx.AsyncClient) -> tuple[bool, str]:
+        """Up when ``/health`` answers 200 (and what was seen, for the timeout's line)."""
+        status = (await http.get(self.url + "/health")).status_code
+        return status == 200, f"/health answered {status}"
 
     @property
     def kind(self) -> str:

@@ -32,7 +32,7 @@ import msgspec
 
 from spade_async import watchdog
 from spade_async.errors import ConfigError
-from spade_async.generation.client import ClientConfig, EngineError, GenerationClient
+from spade_async.generation.client import ClientConfig, GenerationClient
 from spade_async.generation.sglang import SGLangConfig, SGLangServer
 
 __all__ = ["RouterServer", "RoutedClient", "running_router", "check_installed"]
@@ -104,31 +104,18 @@ class RouterServer(SGLangServer):
         ]
         self.env = {}
 
-    async def _wait_healthy(self) -> None:
+    POLL_S, READY_WORD = 0.3, "ready"
+
+    async def _ready(self, http: httpx.AsyncClient) -> tuple[bool, str]:
         """Up when ``/workers`` lists every worker as healthy (``/health`` is 200 earlier)."""
-        proc, deadline = self.process, self.cfg.start_timeout_s
-        seen = ""
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            with anyio.move_on_after(deadline):
-                while True:
-                    if proc.returncode is not None:
-                        raise EngineError(self._died(proc.returncode, "during start-up"))
-                    try:
-                        resp = await http.get(self.url + "/workers")
-                        if resp.status_code == 200:
-                            healthy = _healthy_workers(resp.content)
-                            seen = f"{len(healthy)}/{len(self.workers)} workers healthy"
-                            # first start: every engine; a restart: any (a dead engine
-                            # is the engines' supervisor's business, not the router's)
-                            if set(self.workers) <= healthy or (self.restarts and healthy):
-                                return
-                    except httpx.TransportError:
-                        pass
-                    await anyio.sleep(0.3)
-        raise EngineError(
-            f"router {self.url} not ready within {deadline:.0f} s ({seen or 'no answer'}); "
-            f"see {self.cfg.log_path or 'its output'}"
-        )
+        resp = await http.get(self.url + "/workers")
+        if resp.status_code != 200:
+            return False, f"/workers answered {resp.status_code}"
+        healthy = _healthy_workers(resp.content)
+        # first start: every engine; a restart: any (a dead engine is the engines'
+        # supervisor's business, not the router's)
+        ready = set(self.workers) <= healthy or bool(self.restarts and healthy)
+        return ready, f"{len(healthy)}/{len(self.workers)} workers healthy"
 
     async def workers_health(self) -> dict[str, bool]:
         """The router's own view of its workers (for the dashboard)."""
