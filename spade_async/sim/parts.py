@@ -165,9 +165,8 @@ class SimPool:
     async def reset(self, inst: _Inst, seed: int | None = None) -> tuple[str, dict]:
         ln = self.costs.lengths
         inst.turns, inst.scripted = 0, ""
-        # an episode's length is its seed's (the audit's solution instance plays the same)
-        rng = self.rng if seed is None else np.random.default_rng(
-            [zlib.crc32(inst.env_id.encode()), seed % 2**32])  # fmt: skip
+        # an episode's length is its seed's: the audit's solution instance (another env_id) agrees
+        rng = self.rng if seed is None else np.random.default_rng(seed % 2**32)
         inst.limit, _ = lognormal(rng, ln.agent_turns_median, ln.agent_turns_sigma, 10_000)
         # an environment's difficulty is its own: plays of one environment share a win rate
         p = (zlib.crc32(inst.env_id.encode()) % 1000) / 1000 * 2 * ln.win_p
