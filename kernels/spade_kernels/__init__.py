@@ -1,5 +1,7 @@
 """spade_kernels: fused log-prob/entropy and policy loss (torch reference, chunked CPU, Triton).
 
+Shape legend: T tokens, D hidden size, V vocabulary size.
+
 Public API:
     linear_logprob(hidden_TD, weight_VD, target_T, *, temperature=1.0, return_entropy=False)
     policy_loss(logprob_T, old_logprob_T, advantage_T, mask_T, ...)  (see loss.py)

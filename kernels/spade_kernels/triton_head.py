@@ -1,6 +1,7 @@
 """Triton row pass of the one-pass policy head (head.py): one program per row of a chunk.
 
-Shape legend: C rows (tokens) in one chunk, V vocabulary size, BLOCK_V columns per step.
+Shape legend: C rows (tokens) in one chunk, V vocabulary size, BLOCK_V columns per step, T
+tokens of the whole call (per-token inputs, indexed by a chunk's offset).
 
 Each program sweeps its row of raw logits twice: first the online max / sum exp / centred
 sum e (z - max) (log-sum-exp, target log-prob, entropy), then, after the per-token loss

@@ -15,7 +15,8 @@ Log-probs follow ``logprob_convention.sampling_logprobs`` (temperature-scaled so
 before top-k/top-p/min-p). Requests are handed back through ``concurrent.futures.Future``.
 
 Legend: B running rows, G rows being prefilled, T cached positions, L prompt length,
-V vocab, H kv heads, D head dim.
+V vocab, H kv heads, D head dim, S new (uncached) tokens of a prefix-cache hit, U unique
+prompts of a prefill group (identical prompts prefilled once).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The one definition of the log-probs a rollout engine reports and the trainer recomputes.
 
+Legend: T tokens, V vocabulary.
+
 Convention (shared by the CPU engine, and to be used by the trainer's log-prob kernels):
 
     logprob(token) = log_softmax(logits / temperature)[token]      if temperature > 0

@@ -1,5 +1,7 @@
 """Decode attention that skips the left padding of the CPU engine's batch.
 
+Legend: B rows, T cached positions.
+
 The engine keeps one KV cache ``[B, H, T, D]`` for all running rows, left-padded to the
 longest. Each row's real positions are a contiguous suffix ``[start_b, T)``. A decode step's
 attention reads all T columns of every row: with an 86-token and a 579-token prompt in one

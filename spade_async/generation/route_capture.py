@@ -12,7 +12,8 @@ preempted request recomputes its context) and ``assemble`` builds the reply.
 These are the routes the engine really took, in its own dtype and batch: a bf16 engine
 routes some tokens differently from an fp32 trainer, which is what R3 corrects.
 
-Legend: N tokens of one forward (rows x columns, padding included), L MoE layers, K top-k.
+Legend: N tokens of one forward (rows x columns, padding included), R rows, W columns
+(positions) of a row, L MoE layers, K top-k.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ greedy rows, the last drawable token only for a draw that ran off the end. At ba
 49k vocab that took a top-k 20 / top-p 0.95 step from ~45 to ~12 ms on one EPYC thread (the
 tiny bench model's decode forward is ~45 ms); the draws are bit-identical to before.
 
-Legend: B rows, R truncated rows, V vocab, K candidates per row.
+Legend: B rows, R truncated rows, V vocab, K candidates per row, G rows of one candidate
+group (one K), T rows not settled yet, N rows that no rule truncates.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Policy model: a Hugging Face causal LM behind a log-prob head, sharded with FSDP2.
 
-Legend: T tokens of a micro-batch, D hidden size, V vocabulary size.
+Legend: T tokens of a micro-batch, D hidden size, V vocabulary size, K loss tokens (the
+positions the vocabulary projection is restricted to).
 
 ``PolicyModel.forward`` runs the decoder (``causal_lm.model``) to hidden states and then
 either the one-pass ``policy_head`` (given ``terms``: the loss and its gradient w.r.t. the

@@ -1,7 +1,8 @@
 """Sequence packing and token-budget micro-batches, balanced across ranks.
 
 Legend: T tokens in one micro-batch (packed: one row of concatenated samples; padded:
-B rows of L, flattened to T = B * L), N samples in the whole batch, R ranks.
+B rows of L, flattened to T = B * L), N samples in the whole batch, R ranks, K loss tokens
+of a micro-batch.
 
 Packed rows restart ``position_ids`` at 0 for every sample. transformers turns that into a
 block-diagonal causal mask for sdpa/eager on CPU and into varlen flash-attention

@@ -41,7 +41,7 @@ forward counts (the reference's runs without grad; a checkpoint re-forward comes
 last layer's hook).
 
 Legend: T tokens of a micro-batch (as the router sees them, flattened), L MoE layers, K
-top-k, N samples, R route rows of one step.
+top-k, N samples, R route rows of one step, E experts of a layer.
 """
 
 from __future__ import annotations

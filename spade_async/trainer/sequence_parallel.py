@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism (``trainer.sequence_parallel = N``), as verl and DeepSpeed do.
 
-Legend: T tokens of a packed row, t = T / N per rank, H attention heads, d head size.
+Legend: T tokens of a packed row, t = T / N per rank, H attention heads, d head size, K loss
+tokens of a rank's slice.
 
 N consecutive ranks form a group that trains the same packed row; each holds t of its
 tokens (``shard``: the row padded to a multiple of N by a dummy trailing segment, then cut

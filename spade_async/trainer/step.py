@@ -1,6 +1,7 @@
 """One optimisation step: packed micro-batches -> fused log-probs -> policy loss -> AdamW.
 
-Legend: T tokens of a micro-batch (flattened), R ranks.
+Legend: T tokens of a micro-batch (flattened), R ranks, K loss tokens of a micro-batch, S
+samples of the batch.
 
 No host sync inside the micro-batch loop: metrics accumulate as device tensors. There is
 exactly one sync per step, the finiteness check of the loss and global gradient norm that
@@ -23,6 +24,7 @@ from spade_kernels import PolicyTerms, loss_weights, policy_loss
 
 from spade_async.trainer.batch import Batch, validate_batch
 from spade_async.trainer.config import TrainerConfig
+from spade_async.trainer.loss_settings import LossSettings
 from spade_async.trainer.model import PolicyModel, load_policy
 from spade_async.trainer.packing import (
     LAYOUTS,
@@ -56,6 +58,7 @@ class Trainer:
         self, cfg: TrainerConfig, model_dir: str | Path, device: torch.device | None = None
     ):
         self.cfg = cfg
+        self._loss_settings = (cfg, LossSettings.from_config(cfg))  # once, for every step
         self.model_dir = Path(model_dir)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -113,6 +116,13 @@ class Trainer:
         self.skipped_steps = 0
         self.control_group = None  # gloo group for RPC broadcasts (set by main on NCCL)
 
+    @property
+    def loss_settings(self) -> LossSettings:
+        """The loss's settings, built once from ``cfg`` (again only if ``cfg`` is replaced)."""
+        if self._loss_settings[0] is not self.cfg:
+            self._loss_settings = (self.cfg, LossSettings.from_config(self.cfg))
+        return self._loss_settings[1]
+
     def _ref_logprobs(self, mb) -> torch.Tensor | None:
         """low_var_kl target: the frozen initial policy (forward only), the rollout, or None."""
         if self.cfg.kl_coef <= 0:
@@ -140,21 +150,16 @@ class Trainer:
         than ``mb`` (a sequence-parallel slice of a row); else from ``mb`` itself.
         ``unit_tokens_S``: per batch sample, its unit's loss tokens (seq-mean-token-mean: an
         episode's turn samples share one mean, whatever micro-batch or rank they land on)."""
-        cfg = self.cfg
-        want_entropy = cfg.entropy_coef > 0
+        cfg, ls = self.cfg, self.loss_settings
         ref_T = self._ref_logprobs(mb)
-        rollout_T = mb.rollout_logprob_T if cfg.tis_cap > 0 else None
-        tis_cap = cfg.tis_cap if cfg.tis_cap > 0 else 1.0
-        seq_ids = None if cfg.loss_agg == "token" else mb.local_seq_T
+        rollout_T = mb.rollout_logprob_T if ls.use_tis else None
+        seq_ids = mb.local_seq_T if ls.per_sequence else None
         seq_tokens_T = None if unit_tokens_S is None else unit_tokens_S[mb.seq_T.clamp(min=0)]
-        # old_logprobs = "rollout": slime's --use-rollout-logprobs --use-tis, the weight
-        # min(exp(log p - rollout), cap) with log p the trainer's own, detached
-        tis_current = cfg.old_logprobs == "rollout"
         # The denominator is the whole batch's (global) count, divided by R because FSDP
         # averages gradients over ranks and the batch loss is their sum.
         scale = denominator / self.world
         model_kw = dict(
-            return_entropy=want_entropy,
+            return_entropy=ls.want_entropy,
             index_K=mb.loss_index_K,
             cu_seqlens=mb.cu_seqlens,
             max_seqlen=mb.max_seqlen,
@@ -164,7 +169,7 @@ class Trainer:
             terms = PolicyTerms(
                 loss_weights(
                     mb.mask_T.double(),  # 1 / denominator unrounded for a float64 model
-                    cfg.loss_agg,
+                    ls.agg,
                     seq_ids_T=seq_ids,
                     loss_scale_denominator=scale,
                     seq_tokens_T=seq_tokens_T,
@@ -172,15 +177,10 @@ class Trainer:
                 if weights_T is None
                 else weights_T,
                 mb.advantage_T,
-                old_logprob_T=None if cfg.old_logprobs == "detached" else mb.rollout_logprob_T,
+                old_logprob_T=None if ls.old_detached else mb.rollout_logprob_T,
                 rollout_logprob_T=rollout_T,
-                ref_logprob_T=ref_T if cfg.kl_coef > 0 else None,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                tis_cap=tis_cap,
-                kl_coef=cfg.kl_coef,
-                entropy_coef=cfg.entropy_coef,
-                tis_current=tis_current,
+                ref_logprob_T=ref_T if ls.kl_coef > 0 else None,
+                **ls.shared(),
             )
             head = self.model(
                 mb.input_ids,
@@ -195,8 +195,8 @@ class Trainer:
             out = self.model(
                 mb.input_ids, mb.position_ids, mb.target_T, mb.attention_mask, **model_kw
             )
-            logprob_T, entropy_T = out if want_entropy else (out, None)
-        old_T = logprob_T.detach() if cfg.old_logprobs == "detached" else mb.rollout_logprob_T
+            logprob_T, entropy_T = out if ls.want_entropy else (out, None)
+        old_T = logprob_T.detach() if ls.old_detached else mb.rollout_logprob_T
         # fused: the same function on the detached log-probs gives the metrics (O(T) work)
         with torch.no_grad() if fused else contextlib.nullcontext():
             loss, metrics = policy_loss(
@@ -204,19 +204,14 @@ class Trainer:
                 old_T,
                 mb.advantage_T,
                 mb.mask_T,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                agg=cfg.loss_agg,
+                agg=ls.agg,
                 rollout_logprob_T=rollout_T,
-                tis_cap=tis_cap,
                 ref_logprob_T=ref_T,
-                kl_coef=cfg.kl_coef,
                 entropy_T=entropy_T,
-                entropy_coef=cfg.entropy_coef,
                 seq_ids_T=seq_ids,
                 loss_scale_denominator=scale,
                 seq_tokens_T=seq_tokens_T,
-                tis_current=tis_current,
+                **ls.shared(),
             )
         if fused:
             loss = head.loss
