@@ -99,7 +99,7 @@ def _record_run(tmp_path, tokenizer_path, sources: list[str], extra=()) -> RunDi
     cfg = recipe.load(
         None,
         ["agent.plays_nohint=3", "agent.plays_hint=2", "agent.max_turns=4", "envs.prewarm=0",
-         "envs.max_workers=4", *extra],
+         "envs.max_workers=4", "audit.share=0.0", *extra],  # every slot a recorded play
     )  # fmt: skip
     run_dir = RunDir(tmp_path / "run").create()
     run_dir.write_config(cfg)
