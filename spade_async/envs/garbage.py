@@ -14,27 +14,14 @@ import random
 import re
 import string
 
+from spade_async.envs.solution import solution_actions
+
 __all__ = [
     "REFERENCE_PROBE", "solution_actions", "random_text", "legal_looking", "tool_garbage",
     "garbage_plays", "random_seeds",
 ]  # fmt: skip
 
 REFERENCE_PROBE = ("1", "2", "test")  # the reference's utils/game_files.validate_game actions
-
-
-_TAGGED = re.compile(r"<tool_call>.*?</tool_call>|<answer>.*?</answer>", re.DOTALL)
-
-
-def solution_actions(value: str | list[str]) -> list[str] | None:
-    """Replayable actions from ``solution()``; None when it is free-text guidance."""
-    if isinstance(value, list):
-        return value
-    if "<tool_call>" in value or "<answer>" in value:
-        return _TAGGED.findall(value) or None
-    lines = [ln.strip() for ln in value.splitlines() if ln.strip()]
-    if lines and all("\\boxed{" in ln for ln in lines):
-        return lines
-    return None
 
 
 _WORDS = ("maybe", "hello", "pass", "ok", "what", "the", "answer", "is", "try", "again", "no",

@@ -12,7 +12,6 @@ so the exported package works in any project.
 from __future__ import annotations
 
 import importlib
-import re
 import warnings
 from typing import Any
 
@@ -30,19 +29,7 @@ class AnyText(spaces.Text):
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
-_TAGGED = re.compile(r"<tool_call>.*?</tool_call>|<answer>.*?</answer>", re.DOTALL)
-
-
-def solution_actions(value: str | list[str]) -> list[str] | None:
-    """Replayable actions from ``solution()`` (spade_async.envs.validate's rule)."""
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    if "<tool_call>" in value or "<answer>" in value:
-        return _TAGGED.findall(value) or None
-    lines = [ln.strip() for ln in value.splitlines() if ln.strip()]
-    if lines and all("\\boxed{" in ln for ln in lines):
-        return lines
-    return None
+from spade_async.envs.solution import solution_actions  # noqa: E402  (inlined by the export)
 
 
 def _sandbox_available() -> bool:

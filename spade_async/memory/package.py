@@ -160,7 +160,7 @@ def export_gymnasium(
     root = dest / pkg
     (root / "envs").mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
-    (root / "_gym.py").write_bytes((here / "gym_template.py").read_bytes())
+    (root / "_gym.py").write_text(gym_adapter_source())
     (root / "_tool_use.py").write_bytes((here.parent / "envs" / "tool_use.py").read_bytes())
     (root / "envs" / "__init__.py").write_text('"""One module per exported environment."""\n')
     metas = []
@@ -331,3 +331,20 @@ and the reward its solution reached on each seed when exported.
 |---|---|---|---|
 {rows}
 """
+
+
+INLINE = (
+    "from spade_async.envs.solution import solution_actions  # noqa: E402  (inlined by the export)"
+)
+
+
+def gym_adapter_source() -> str:
+    """``gym_template.py`` with the solution rule (``envs/solution.py``) inlined in place of
+    its import, so the package needs only the standard library and gymnasium."""
+    from spade_async.envs import solution
+
+    template = (Path(__file__).parent / "gym_template.py").read_text()
+    body = Path(solution.__file__).read_text().split("from __future__ import annotations\n", 1)[1]
+    if INLINE not in template:
+        raise RuntimeError("gym_template.py lost the solution rule's import line")
+    return template.replace(INLINE, body.strip() + "\n", 1)
