@@ -247,8 +247,6 @@ def main() -> None:
             )
         ]
     )
-    if not args.quick:
-        tables.append(placement("h200-141gb", False, steps=args.steps, stalenesses=(1, 2)))  # fmt: skip
     head = headline(tables[0]["rows"]) if tables else {}
     a2a, a2a_c = worst(pred, "sync_to_async"), worst(pred, "sync_to_async+contention")
     xw, xw_s = worst(pred, "cross_workload"), worst(pred, "cross_workload+speed")
