@@ -32,6 +32,7 @@ from spade_async.memory.sampling import replay_sample
 from spade_async.rewards import regret, win_rate, wins
 from spade_async.roles.agent import FAULT_STATUSES, EnvRef, Episode, play_episode, transcript
 from spade_async.roles.hint import write_hint
+from spade_async.roles.services import Services
 from spade_async.trainer.batch import Batch, Sample
 from spade_async.trainer.client import PushRefused, TrainerDied
 
@@ -80,9 +81,7 @@ async def hints_for(rt: Runtime, envs: list[EnvRef]) -> dict[str, str | None]:
     async def one(env: EnvRef) -> None:
         with rt.meters.busy("engine"):
             res = await write_hint(
-                client=rt.client,
-                pool=rt.pool,
-                tokenizer=rt.tokenizer,
+                Services.of(rt),
                 env=env,
                 seed=int(rt.rng.integers(2**31)),
                 cfg=rt.cfg.hint,
@@ -128,6 +127,7 @@ async def play(
     done: dict[int, Episode] = {}
     step = rt.state.step
     aud = audits.auditor(rt)  # scripted audit slots (loop/audits.py)
+    svc = Services.of(rt)
     envs = [e for e in envs if not audits.is_quarantined(rt, e.env_id)]
 
     async def one(env: EnvRef, seed: int, hint: str | None, slot: int, pace=None) -> None:
@@ -136,15 +136,12 @@ async def play(
             rt.meters.count("agent/started")
             jid = note_started(rt)  # the episode journal (docs/resume.md)
             ep = await play_episode(
-                client=rt.client,
-                pool=rt.pool,
-                tokenizer=rt.tokenizer,
+                svc,
                 env=env,
                 seed=seed,
                 hint=hint,
                 cfg=cfg,
                 version=version,
-                meters=rt.meters,
                 timeout_reward=rt.cfg.rewards.timeout_reward,
                 request_key=key,
                 pace=pace,

@@ -24,6 +24,7 @@ from spade_async.rewards import (
     win_rate,
 )
 from spade_async.roles.designer import DesignSample, build_prompt, design_group
+from spade_async.roles.services import Services
 from spade_async.trainer.batch import Sample
 
 if TYPE_CHECKING:
@@ -84,9 +85,7 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
         # engine and pool (validation) time are metered inside design_group
         async with limiter:
             done[g] = await design_group(
-                client=rt.client,
-                pool=rt.pool,
-                tokenizer=rt.tokenizer,
+                Services.of(rt),
                 writer=rt.writer,
                 run_dir=rt.run_dir,
                 cfg=d,
@@ -95,7 +94,6 @@ async def regenerate(rt: Runtime, version: int) -> list[DesignSample]:
                 doc_id=doc_id,
                 version=version,
                 examples=shown,
-                meters=rt.meters,
                 seed=request_seed(rt.cfg.seed, "designer", rt.state.step, version, g, skill),
             )
 

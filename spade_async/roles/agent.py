@@ -33,13 +33,14 @@ from typing import Any, Literal
 import msgspec
 
 from spade_async.config import Doc
-from spade_async.envs.pool import EnvError, EnvPool
+from spade_async.envs.pool import EnvError
 from spade_async.generation.chat import Conversation, strip_think
-from spade_async.generation.client import EngineRequestError, GenerationClient
+from spade_async.generation.client import EngineRequestError
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.seeds import request_seed
 from spade_async.rewards import agent_outcome
 from spade_async.roles.episode_routes import EpisodeRoutes
+from spade_async.roles.services import Services
 
 Status = Literal[
     "terminated",
@@ -224,26 +225,29 @@ def parse_action(reply: str) -> str:
 
 
 async def play_episode(
+    services: Services,
     *,
-    client: GenerationClient,
-    pool: EnvPool,
-    tokenizer: Any,
     env: EnvRef,
     seed: int,
     hint: str | None,
     cfg: AgentConfig,
     version: int,
-    meters: Any = None,
     timeout_reward: float = -0.5,
     request_key: int | None = None,
     pace: Any = None,
 ) -> Episode:
-    """One episode; ``meters`` (telemetry Meters) gets engine and env-pool busy time;
+    """One episode; ``services.meters`` (telemetry Meters) gets engine and env-pool busy time;
     ``timeout_reward`` (``rewards.timeout_reward``) scores an environment timeout.
     ``request_key``: the play's request seed (``generation/seeds.py``: run seed, step,
     environment, slot); turn ``t`` samples with ``request_seed(request_key, t)``. None: a
     seed from the reset seed and the turn (a play of one seed repeats, hinted or not).
     ``pace`` (``envs.audit.Pace``): records the turn times for a scripted sibling play."""
+    client, pool, tokenizer, meters = (
+        services.client,
+        services.pool,
+        services.tokenizer,
+        services.meters,
+    )
     busy = meters.busy if meters is not None else _no_busy
     conv: Conversation | None = None
     spans: list[tuple[int, int]] = []

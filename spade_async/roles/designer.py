@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -23,13 +23,14 @@ from spade_async.envs.extract import extract_code
 from spade_async.envs.pool import EnvPool
 from spade_async.envs.validate import ValidateConfig, Verdict, validate_source
 from spade_async.generation.chat import Conversation, strip_think
-from spade_async.generation.client import EngineRequestError, GenerationClient
+from spade_async.generation.client import EngineRequestError
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.seeds import request_seed
 from spade_async.memory.records import Origin, make_record
 from spade_async.memory.sampling import designer_context
 from spade_async.memory.writer import MemoryWriter
 from spade_async.roles.prompts import SKILLS, designer_prompt, repair_prompt
+from spade_async.roles.services import Services
 from spade_async.rundir import RunDir
 from spade_async.settings import family
 
@@ -172,10 +173,8 @@ def build_prompt(
 
 
 async def design_group(
+    services: Services,
     *,
-    client: GenerationClient,
-    pool: EnvPool,
-    tokenizer: Any,
     writer: MemoryWriter,
     run_dir: RunDir,
     cfg: DesignerConfig,
@@ -184,15 +183,20 @@ async def design_group(
     doc_id: str | None,
     version: int,
     examples: list[str] | None = None,
-    meters: Any = None,
     seed: int | None = None,
 ) -> list[DesignSample]:
     """Sample one prompt ``samples_per_prompt`` times; validate, repair, save and record each.
 
-    ``meters`` (telemetry Meters) gets generation as engine time and the validation gates
+    ``services.meters`` (telemetry Meters) gets generation as engine time and the validation gates
     as env_pool time. ``seed``: the group's request seed (``generation/seeds.py``); every
     request of the group derives its ``sampling_seed`` from it and its own place (sample,
     repair turn, retry), so a rerun of the run's seed samples the same replies."""
+    client, pool, tokenizer, meters = (
+        services.client,
+        services.pool,
+        services.tokenizer,
+        services.meters,
+    )
     busy = meters.busy if meters is not None else _no_busy
     messages = [{"role": "user", "content": prompt}]
     prompt_ids = Conversation(tokenizer, messages, enable_thinking=cfg.enable_thinking).token_ids

@@ -9,19 +9,18 @@ is regenerated up to ``retries`` times, then dropped. Leaks are counted for the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from spade_async.config import Doc
-from spade_async.envs.pool import EnvError, EnvPool
+from spade_async.envs.pool import EnvError
 from spade_async.envs.validate import solution_actions
 from spade_async.generation.chat import render_prompt, strip_think
-from spade_async.generation.client import GenerationClient
 from spade_async.generation.protocol import SamplingParams
 from spade_async.generation.seeds import request_seed
 from spade_async.roles.agent import EnvRef
 from spade_async.roles.prompts import hint_prompt, hint_system, leaks_solution
+from spade_async.roles.services import Services
 
 
 class HintConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,10 +43,8 @@ class HintResult:
 
 
 async def write_hint(
+    services: Services,
     *,
-    client: GenerationClient,
-    pool: EnvPool,
-    tokenizer: Any,
     env: EnvRef,
     seed: int,
     cfg: HintConfig,
@@ -58,6 +55,7 @@ async def write_hint(
     ``sampling_seed`` derived from it (None: unseeded)."""
     if not cfg.enabled:
         return HintResult(None, 0, 0)
+    client, pool, tokenizer = services.client, services.pool, services.tokenizer
     actions: list[str] = []
     try:
         inst = await pool.open(env.source, env_id=env.env_id)

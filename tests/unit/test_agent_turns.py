@@ -9,6 +9,7 @@ import pytest
 
 from spade_async.generation.client import GenerateResult
 from spade_async.roles.agent import AgentConfig, EnvRef, parse_action, play_episode
+from spade_async.roles.services import Services
 
 
 class _Client:
@@ -63,9 +64,7 @@ def _play(tokenizer_path, replies, **cfg):
 
     async def main():
         return await play_episode(
-            client=client,
-            pool=pool,
-            tokenizer=tok,
+            Services(client, pool, tok),
             env=EnvRef("e", "class E: ..."),
             seed=0,
             hint=None,

@@ -10,6 +10,7 @@ from spade_async.envs.pool import EnvPool
 from spade_async.memory.store import MemoryStore
 from spade_async.memory.writer import MemoryWriter
 from spade_async.roles.designer import design_group
+from spade_async.roles.services import Services
 from spade_async.rundir import RunDir
 from spade_async.telemetry.metrics import Meters
 
@@ -40,10 +41,10 @@ def test_lineage_and_phase_meters(tmp_path, tokenizer_path):
             async with anyio.create_task_group() as tg, EnvPool(cfg.envs) as pool:
                 await tg.start(writer.run)
                 samples = await design_group(
-                    client=_Client(), pool=pool, tokenizer=AutoTokenizer.from_pretrained(
-                        tokenizer_path), writer=writer, run_dir=run_dir, cfg=cfg.designer,
+                    Services(_Client(), pool, AutoTokenizer.from_pretrained(tokenizer_path), meters),
+                    writer=writer, run_dir=run_dir, cfg=cfg.designer,
                     prompt="write a game", skill="Optimization", doc_id=None, version=1,
-                    examples=shown, meters=meters,
+                    examples=shown,
                 )  # fmt: skip
                 writer.close()
             return samples, list(store.records())

@@ -12,6 +12,7 @@ from spade_async.generation.chat import strip_think
 from spade_async.generation.client import GenerateResult
 from spade_async.roles.agent import EnvRef
 from spade_async.roles.hint import HintConfig, write_hint
+from spade_async.roles.services import Services
 
 # Qwen3's generation prompt: an empty think block when enable_thinking is false
 QWEN3_GEN = (
@@ -63,7 +64,7 @@ def qwen3_tok(tokenizer_path, tmp_path_factory):
 
 def test_hint_writer_renders_thinking_off_and_strips_think(qwen3_tok):
     client = _Client("<think>\nthe secret is 42\n</think>\n\nCount the moves before acting.")
-    res = anyio.run(lambda: write_hint(client=client, pool=_NoEnvPool(), tokenizer=qwen3_tok,
+    res = anyio.run(lambda: write_hint(Services(client, _NoEnvPool(), qwen3_tok),
                                        env=EnvRef(env_id="e", source="class Env: ..."), seed=0,
                                        cfg=HintConfig()))
     assert res.hint == "Count the moves before acting."
@@ -109,7 +110,7 @@ def test_agent_steps_the_environment_without_its_reasoning(qwen3_tok):
     text = "<think>\nmaybe 7, or \\boxed{3}\n</think>\n\n\\boxed{7}"
     pool = _Pool()
     ep = anyio.run(lambda: play_episode(
-        client=_AgentClient(qwen3_tok, text), pool=pool, tokenizer=qwen3_tok,
+        Services(_AgentClient(qwen3_tok, text), pool, qwen3_tok),
         env=EnvRef(env_id="e", source="class Env: ..."), seed=0, hint=None,
         cfg=AgentConfig(), version=9))
     assert pool.actions == ["\\boxed{7}"]

@@ -6,6 +6,7 @@ import pytest
 from spade_async.envs.process import EnvError
 from spade_async.generation.client import GenerateResult
 from spade_async.roles.agent import AgentConfig, EnvRef, play_episode
+from spade_async.roles.services import Services
 
 
 class _Client:
@@ -54,9 +55,7 @@ def test_timeout_scores_the_configured_reward_and_crash_is_an_env_error(
 
     async def main():
         return await play_episode(
-            client=_Client(),
-            pool=_Pool(kind),
-            tokenizer=tok,
+            Services(_Client(), _Pool(kind), tok),
             env=EnvRef("e", "class E: ..."),
             seed=0,
             hint=None,
