@@ -1,0 +1,79 @@
+"""docs/throughput.md and the saved bench results agree: every figure the page cites is
+followed by ``<!-- FILE.json:PATH -->`` naming the saved value it shows, and every ratio
+written ``N.NNx`` cites one. The value, rounded to the decimals shown (a ``%`` figure: the
+value x 100), must equal the figure. A fenced block opened with ```` ```text FILE.json:PATH ````
+must be the saved text at PATH, line for line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "throughput.md"
+REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
+BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
+RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\s*<!--)")
+
+
+def resolve(data, path: str):
+    """``a.b.0.c`` keys and indices; ``rows[split=4+4,schedule=async].x``: the one item of a
+    list whose fields match."""
+    for part in re.findall(r"[^.\[\]]+(?:\[[^\]]*\])?", path):
+        m = re.fullmatch(r"([^\[]+)(?:\[([^\]]*)\])?", part)
+        key, sel = m.group(1), m.group(2)
+        data = data[int(key)] if isinstance(data, list) else data[key]
+        if sel:
+            want = dict(kv.split("=", 1) for kv in sel.split(","))
+            hits = [r for r in data if all(str(r.get(k)) == v for k, v in want.items())]
+            assert len(hits) == 1, f"{path}: {len(hits)} items match [{sel}]"
+            data = hits[0]
+    return data
+
+
+def cited(text: str) -> list[tuple[str, str, str, str]]:
+    return REF.findall(text)
+
+
+def check(text: str, results: Path) -> list[str]:
+    """The disagreements: one line each (empty: the page and the results agree)."""
+    bad = []
+    for name, path, body in BLOCK.findall(text):
+        saved = resolve(json.loads((results / name).read_text()), path)
+        if body.rstrip("\n") != str(saved).rstrip("\n"):
+            bad.append(f"the block citing {name}:{path} is not the saved text")
+    text = BLOCK.sub("", text)
+    bad += [f"{m.group(0)}: a ratio with no saved result cited" for m in RATIO.finditer(text)]
+    for figure, unit, name, path in cited(text):
+        value = resolve(json.loads((results / name).read_text()), path)
+        shown = float(figure.replace(",", ""))
+        if unit == "%":
+            value = value * 100
+        decimals = len(figure.split(".")[1]) if "." in figure else 0
+        if round(float(value), decimals) != shown:
+            bad.append(f"{figure}{unit or ''} cites {name}:{path} = {value}")
+    return bad
+
+
+def test_the_page_and_the_saved_results_agree():
+    text = DOC.read_text()
+    assert len(cited(text)) >= 10, "the page cites its figures"
+    assert check(text, ROOT / "bench" / "results") == []
+
+
+def test_a_figure_that_disagrees_is_found(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"rows": [{"k": "x", "v": 2.061}]}}))
+    ok = "2.06x <!-- r.json:a.rows[k=x].v -->"
+    assert check(ok, tmp_path) == []
+    assert check("2.10x <!-- r.json:a.rows[k=x].v -->", tmp_path)
+    assert check("206.1% <!-- r.json:a.rows[k=x].v -->", tmp_path) == []
+    assert check("a bare 2.06x here", tmp_path)
+    block = "```text r.json:t\nA 1.50x\n```"
+    (tmp_path / "r.json").write_text(json.dumps({"t": "A 1.50x", "a": {}}))
+    assert check(block, tmp_path) == []
+    assert check(block.replace("1.50x", "1.60x"), tmp_path)
+    with pytest.raises(KeyError):
+        check("1.0x <!-- r.json:a.nope -->", tmp_path)
