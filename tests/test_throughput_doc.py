@@ -1,4 +1,4 @@
-"""docs/throughput.md and the saved bench results agree: every figure the page cites is
+"""docs/throughput.md (and throughput-validation.md) and the saved bench results agree: every figure the page cites is
 followed by ``<!-- FILE.json:PATH -->`` naming the saved value it shows, and every ratio
 written ``N.NNx`` cites one. The value, rounded to the decimals shown (a ``%`` figure: the
 value x 100), must equal the figure. A fenced block opened with ```` ```text FILE.json:PATH ````
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "throughput.md"
+DOCS = [ROOT / "docs" / "throughput.md", ROOT / "docs" / "throughput-validation.md"]
 REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\s*<!--)")
@@ -59,9 +59,10 @@ def check(text: str, results: Path) -> list[str]:
 
 
 def test_the_page_and_the_saved_results_agree():
-    text = DOC.read_text()
-    assert len(cited(text)) >= 10, "the page cites its figures"
-    assert check(text, ROOT / "bench" / "results") == []
+    for doc in DOCS:
+        text = doc.read_text()
+        assert len(cited(text)) >= 10, f"{doc.name} cites its figures"
+        assert check(text, ROOT / "bench" / "results") == [], doc.name
 
 
 def test_a_figure_that_disagrees_is_found(tmp_path):
