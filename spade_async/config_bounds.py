@@ -165,7 +165,7 @@ BOUNDS: dict[str, Range] = {
     "corpus.max_words": closed(1, N),
     "corpus.max_tokens": closed(1, N),
     # engines
-    "engine.count": closed(1, 1024),
+    "engine.count": closed(0, 1024),  # 0: external engines only (engines.check_engine)
     "engine.threads": closed(0, 4096),
     "engine.cpus": closed(0, 1 << 16),
     "engine.gpus": closed(0, 4095),

@@ -82,6 +82,11 @@ def check_engine(cfg: EngineConfig) -> None:
             f"engine.max_running_requests={cfg.max_running_requests}: give a positive number "
             "of sequences, or 0 for the engine's default"
         )
+    if cfg.kind == "cpu" and cfg.count == 0 and not cfg.external:
+        raise ConfigError(
+            "engine.count = 0 starts no engine and engine.external names none: set "
+            "engine.count >= 1, or attach running engines with engine.external"
+        )
     if cfg.kind == "sglang":
         check_flags(cfg.extra_args + scheduling_flags(cfg))
 

@@ -83,7 +83,7 @@ def _replay(model, ids, step, reps: int, sync, device: str) -> dict:
     for i in range(2 * reps + 2):
         mode = "replay" if i % 2 == 0 else "none"
         replay.prepare([SimpleNamespace(routed_experts=routes if mode == "replay" else b"",
-                                        token_ids=range(T))])  # fmt: skip
+                                        token_ids=range(T), loss_mask=[1] * T)])  # fmt: skip
         replay.set_microbatch(mb)
         sync()
         t0 = time.perf_counter()

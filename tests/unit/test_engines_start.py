@@ -63,3 +63,16 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [x for e in exc.exceptions for x in _leaves(e)]
     return [exc]
+
+
+def test_zero_engines_needs_external_ones():
+    """engine.count = 0 is a run on engines started elsewhere; with none named it is one line."""
+    import pytest
+
+    from spade_async import recipe
+    from spade_async.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.count = 0 starts no engine"):
+        recipe.load(None, ["engine.count=0"])
+    cfg = recipe.load(None, ["engine.count=0", 'engine.external=["http://127.0.0.1:30000"]'])
+    assert cfg.engine.count == 0
