@@ -68,7 +68,9 @@ class Lengths:
     designer_reply_median: float = 4000.0
     designer_reply_sigma: float = 0.5
     designer_prompt_tokens: int = 9000  # a 6,000-word document + contract + memory examples
-    valid_p: float = 0.92  # the SPADE paper (docs/method.md): ~92% of designer generations valid (30B)
+    valid_p: float = (
+        0.92  # the SPADE paper (docs/method.md): ~92% of designer generations valid (30B)
+    )
     win_p: float = 0.4
     source: str = (
         "assumed lognormals (no per-turn length data in the reference's reports), set to the "
