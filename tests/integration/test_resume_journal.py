@@ -6,15 +6,12 @@ dead run had finished."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from loop_helpers import HERE
-from test_signals import _ours
+from test_signals import _cmdline, _ours, spawn_train
 
 from spade_async.episodes import journal as jr
 from spade_async.episodes import recovery as rc
@@ -25,41 +22,10 @@ EVERY = 4  # checkpoint_every: the kill lands after step EVERY + 2, before step 
 def _start(
     tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int, schedule: str
 ) -> subprocess.Popen:
-    pool = tmp_path / "pool"
-    pool.mkdir(exist_ok=True)
-    shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
-    args = [
-        "mode=fixed_pool",
-        f"schedule={schedule}",
-        f"model={tiny_model}",
-        f"max_steps={max_steps}",
-        "replay_envs=2",
-        "initial_memory=''",
-        f"fixed_pool={pool}",
-        f"checkpoint_every={EVERY}",
-        "max_staleness=1",
-        "agent.plays_nohint=4",
-        "agent.max_turns=1",
-        "agent.max_turn_tokens=2",
-        "agent.cut_reply='step'",
-        "agent.temperature=1.0",
-        "trainer.lr=1e-2",
-        "envs.max_workers=2",
-        "shutdown_grace_s=2",
-        "telemetry.dashboard='off'",
-    ]
-    cmd = [sys.executable, "-m", "spade_async.cli", "train", "configs/cpu-demo.toml"]
-    cmd += ["--run-dir", str(run_dir)]
-    for a in args:
-        cmd += ["--set", a]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=Path(__file__).parents[2],
-        start_new_session=True,
-    )
+    sets = [f"schedule={schedule}", f"max_steps={max_steps}", "replay_envs=2",
+            f"checkpoint_every={EVERY}", "max_staleness=1", "agent.plays_nohint=4",
+            "telemetry.dashboard='off'"]  # fmt: skip
+    return spawn_train(tiny_model, tmp_path, run_dir, sets)
 
 
 def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
@@ -68,20 +34,15 @@ def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
 
     def mine() -> list[int]:
         return [
-            p for p in _ours(run_dir, model) if str(run_dir) in _cmd(p) or str(model) in _cmd(p)
+            p
+            for p in _ours(run_dir, model)
+            if str(run_dir) in _cmdline(p) or str(model) in _cmdline(p)
         ]
 
     deadline = time.monotonic() + timeout
     while (left := mine()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
-
-
-def _cmd(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def _records(run_dir: Path) -> list[dict]:

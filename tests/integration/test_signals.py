@@ -37,20 +37,19 @@ def _ours(run_dir: Path, model: Path) -> list[int]:
     return pids
 
 
-def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> subprocess.Popen:
+def spawn_train(
+    tiny_model: Path, tmp_path: Path, run_dir: Path, sets: list[str]
+) -> subprocess.Popen:
+    """``spade train`` of the CPU demo config as a child of its own session: a fixed pool of
+    one game on a tiny model, one-token one-turn plays; ``sets`` adds and overrides keys."""
     pool = tmp_path / "pool"
     pool.mkdir(exist_ok=True)
     shutil.copy(HERE / "envs" / "first_letter.py", pool / "first_letter.py")
     args = [
         "mode=fixed_pool",
-        "schedule=async",
         f"model={tiny_model}",
-        f"max_steps={max_steps}",
-        "replay_envs=1",
         "initial_memory=''",
         f"fixed_pool={pool}",
-        "checkpoint_every=1",
-        "agent.plays_nohint=8",
         "agent.max_turns=1",
         "agent.max_turn_tokens=2",
         "agent.cut_reply='step'",  # a cut 1-token reply is the action
@@ -58,16 +57,10 @@ def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> s
         "trainer.lr=1e-2",
         "envs.max_workers=2",
         "shutdown_grace_s=2",
+        *sets,
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "spade_async.cli",
-        "train",
-        "configs/cpu-demo.toml",
-        "--run-dir",
-        str(run_dir),
-    ]
+    cmd = [sys.executable, "-m", "spade_async.cli", "train", "configs/cpu-demo.toml"]
+    cmd += ["--run-dir", str(run_dir)]
     for a in args:
         cmd += ["--set", a]
     return subprocess.Popen(
@@ -78,6 +71,12 @@ def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> s
         cwd=Path(__file__).parents[2],
         start_new_session=True,
     )
+
+
+def _start(tiny_model: Path, tmp_path: Path, run_dir: Path, max_steps: int) -> subprocess.Popen:
+    sets = ["schedule=async", f"max_steps={max_steps}", "replay_envs=1", "checkpoint_every=1",
+            "agent.plays_nohint=8"]  # fmt: skip
+    return spawn_train(tiny_model, tmp_path, run_dir, sets)
 
 
 def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 240) -> None:

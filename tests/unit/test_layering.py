@@ -10,11 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-
-pytest.importorskip("importlinter")
 
 # -S: no .pth files, so the editable install's import hook does not shadow the copy under test
 LINT = (
