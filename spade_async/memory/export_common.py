@@ -22,6 +22,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import tomli_w
 
 from spade_async.memory import package
 from spade_async.memory.records import EnvRecord, safe_id
@@ -86,3 +87,19 @@ def write_envs(records: list[EnvRecord], dest: Path, *, run_dir: Path, name: str
 def environments_literal(metas: list[dict]) -> str:
     """``{name: module}`` as a Python literal (names and modules are ASCII identifiers here)."""
     return repr({m["name"]: m["module"] for m in metas})
+
+
+def write_pyproject(
+    dest: Path, pkg: str, run_dir: Path, *, what: str, deps: list[str], packages: list[str]
+) -> None:
+    """The exported package's pyproject.toml: ``what`` says what it is ("an OpenEnv server")."""
+    (dest / "pyproject.toml").write_text(tomli_w.dumps({
+        "build-system": {"requires": ["setuptools>=61"], "build-backend": "setuptools.build_meta"},
+        "project": {
+            "name": pkg.replace("_", "-"), "version": "0.1.0", "readme": "README.md",
+            "description": f"Model-written environments from the SPADE run {run_dir.name}, as "
+                           f"{what} (run them sandboxed)",
+            "requires-python": ">=3.10", "dependencies": deps,
+        },
+        "tool": {"setuptools": {"packages": packages, "package-data": {pkg: ["metadata.json"]}}},
+    }))  # fmt: skip

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spade_async.memory.export_common import NOTE, environments_literal, write_envs
+from spade_async.memory.export_common import NOTE, environments_literal, write_envs, write_pyproject
 from spade_async.memory.records import EnvRecord
 
 _MODELS = '''"""Typed action, observation and state of the exported SPADE environments."""
@@ -141,7 +141,6 @@ app = create_app(SpadeEnvironment, SpadeAction, SpadeObservation, env_name={pkg!
 
 def export_openenv(records: list[EnvRecord], dest: Path, *, run_dir: Path,
                    name: str | None = None) -> dict:  # fmt: skip
-    import tomli_w
 
     pkg, metas = write_envs(records, dest, run_dir=run_dir, name=name)
     root = dest / pkg
@@ -162,17 +161,8 @@ def export_openenv(records: list[EnvRecord], dest: Path, *, run_dir: Path,
         f"spec_version: 1\nname: {pkg}\ntype: space\nruntime: fastapi\n"
         f"app: {pkg}.server.app:app\nport: 8000\n"
     )
-    (dest / "pyproject.toml").write_text(tomli_w.dumps({
-        "build-system": {"requires": ["setuptools>=61"], "build-backend": "setuptools.build_meta"},
-        "project": {
-            "name": pkg.replace("_", "-"), "version": "0.1.0", "readme": "README.md",
-            "description": f"Model-written environments from the SPADE run {run_dir.name}, as an "
-                           "OpenEnv server (run them sandboxed)",
-            "requires-python": ">=3.10", "dependencies": ["openenv-core>=0.3"],
-        },
-        "tool": {"setuptools": {"packages": [pkg, f"{pkg}.envs", f"{pkg}.server"],
-                                "package-data": {pkg: ["metadata.json"]}}},
-    }))  # fmt: skip
+    write_pyproject(dest, pkg, run_dir, what="an OpenEnv server", deps=["openenv-core>=0.3"],
+                    packages=[pkg, f"{pkg}.envs", f"{pkg}.server"])  # fmt: skip
     names = "\n".join(f"- `{m['name']}` ({m['module']})" for m in metas)
     (dest / "README.md").write_text(
         f"# {pkg}\n\n**{NOTE}**\n\nAn OpenEnv environment server. Serve it on loopback:\n\n"

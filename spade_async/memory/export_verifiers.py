@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spade_async.memory.export_common import NOTE, environments_literal, write_envs
+from spade_async.memory.export_common import NOTE, environments_literal, write_envs, write_pyproject
 from spade_async.memory.records import EnvRecord
 
 _INIT = '''{note!r}
@@ -118,24 +118,14 @@ def load_environment(env=None, seeds=None, max_turns=25, **kwargs):
 
 def export_verifiers(records: list[EnvRecord], dest: Path, *, run_dir: Path,
                      name: str | None = None) -> dict:  # fmt: skip
-    import tomli_w
 
     pkg, metas = write_envs(records, dest, run_dir=run_dir, name=name)
     seeds = {m["name"]: list(m["validation"]["seeds"]) for m in metas}
     (dest / pkg / "__init__.py").write_text(
         _INIT.format(note=NOTE, environments=environments_literal(metas), seeds=repr(seeds))
     )
-    (dest / "pyproject.toml").write_text(tomli_w.dumps({
-        "build-system": {"requires": ["setuptools>=61"], "build-backend": "setuptools.build_meta"},
-        "project": {
-            "name": pkg.replace("_", "-"), "version": "0.1.0", "readme": "README.md",
-            "description": f"Model-written environments from the SPADE run {run_dir.name}, as a "
-                           "verifiers environment (run them sandboxed)",
-            "requires-python": ">=3.10", "dependencies": ["verifiers>=0.1.3,<0.3", "datasets"],
-        },
-        "tool": {"setuptools": {"packages": [pkg, f"{pkg}.envs"],
-                                "package-data": {pkg: ["metadata.json"]}}},
-    }))  # fmt: skip
+    write_pyproject(dest, pkg, run_dir, what="a verifiers environment",
+                    deps=["verifiers>=0.1.3,<0.3", "datasets"], packages=[pkg, f"{pkg}.envs"])  # fmt: skip
     names = "\n".join(f"- `{m['name']}` (seeds {m['validation']['seeds']})" for m in metas)
     (dest / "README.md").write_text(
         f"# {pkg}\n\n**{NOTE}**\n\nA verifiers environment: `pip install .`, then\n\n"
