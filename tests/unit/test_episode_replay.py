@@ -180,6 +180,22 @@ def test_a_tampered_record_is_a_mismatch_at_its_call(recorded, tmp_path, capsys)
         path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:-1]))
 
 
+def test_a_record_the_pool_cut_before_its_reset_replays_as_far_as_it_goes(recorded):
+    """An instance lost with its worker (a sibling crashed it) before its reset answered holds
+    no observation: it replays exactly (nothing after the cut to compare); a record whose own
+    reset failed, when the replay's succeeds, is a mismatch at call 0."""
+    recs, _ = R.read_records(recorded.root)
+    base = recs[0]
+    cut = dict(obs_hashes=[], actions=[], step_rewards=[], step_flags=[])
+    cases = [
+        msgspec.structs.replace(base, id="lost-at-reset", error_kind="lost", **cut),
+        msgspec.structs.replace(base, id="crash-at-reset", error_kind="crash", **cut),
+    ]
+    by = {o.id: o for o in anyio.run(lambda: replay_records(recorded.root, cases))}
+    assert by["lost-at-reset"].verdict == "exact"
+    assert (by["crash-at-reset"].verdict, by["crash-at-reset"].call) == ("mismatch", 0)
+
+
 def test_a_memory_environment_that_no_longer_replays_is_flagged(tmp_path, tokenizer_path, capsys):
     run = _record_run(tmp_path, tokenizer_path, [ENVS[0].read_text(), FLAKY])
     assert spade(["episode", "replay", str(run.root), "--all"]) == 1
@@ -225,7 +241,7 @@ def test_replay_records_share_chooses_by_environment_and_seed(tmp_path):
 
 
 def test_an_environment_that_crashed_or_hung_replays_its_failure(tmp_path, tokenizer_path):
-    one_at_a_time = ["envs.call_timeout_s=0.5", "max_concurrent_episodes=1"]
+    one_at_a_time = ["envs.call_timeout_s=2", "max_concurrent_episodes=1"]
     run = _record_run(tmp_path / "a", tokenizer_path, [CRASHY], extra=one_at_a_time)
     recs, _ = R.read_records(run.root)
     assert {r.error_kind for r in recs} == {"crash", "timeout"}, [r.error_kind for r in recs]
@@ -238,7 +254,7 @@ def test_an_environment_that_crashed_or_hung_replays_its_failure(tmp_path, token
     assert (out.verdict, out.call) == ("mismatch", 2)  # the second step raised
     # concurrent plays share the environment's worker: one crash loses the others' instances
     # ("lost", the pool's doing); those records replay up to where they were cut
-    run = _record_run(tmp_path / "b", tokenizer_path, [CRASHY], extra=["envs.call_timeout_s=0.5"])
+    run = _record_run(tmp_path / "b", tokenizer_path, [CRASHY], extra=["envs.call_timeout_s=2"])
     recs, _ = R.read_records(run.root)
     assert "lost" in {r.error_kind for r in recs}, [r.error_kind for r in recs]
     outcomes = anyio.run(lambda: replay_records(run.root, recs))
