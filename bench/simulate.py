@@ -11,11 +11,15 @@ environments (``spade_async/sim``), three checks in one run.
    SmolLM2's, a stand-in), route decoding added for MoE: CPU per step, memory, staleness.
 3. Placement: the 8B games recipe on 8 x H100, every split and max_staleness, in steady
    state (``sim/throughput.py``: the first and last regeneration windows left out, steady
-   when one more window moves the mean and the ratio < 2%); the headline is async at
+   when one more window moves the mean and the ratio < 2%; by default each row runs window
+   after window until steady, up to --cap steps, and reports the steps used); the headline is async at
    max_staleness <= 2 over the best sync placement at equal GPUs (colocated included),
    same-split beside it, AReaL's 2.77x (over its own sync) named beside that.
 
-    python bench/simulate.py [--quick] [--save] [--steps N] [--staleness 0,1,2,3]
+    python bench/simulate.py [--quick] [--save] [--steps auto|N] [--cap N] [--staleness 0,1,2,3]
+
+The simulation is repeatable: the same command gives the same virtual-time figures, run to
+run and under any --jobs (only the real CPU and memory figures vary).
 
 --quick: the held-out table, 5 steps at scale, 4+4 and colocated at 9 steps (too short
 for a steady state: the rows say so). The last line printed is one JSON object: hardware,
@@ -133,10 +137,11 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
 
 def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
               steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1,
-              extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
+              extra: tuple[str, ...] = (), cap: int = 0) -> dict:  # fmt: skip
     """``path``'s table on 8 x ``gpu`` in steady state (``sim/throughput.py``); ``full``:
-    ``stalenesses``, else the recipe's own. ``quick``: 4+4 and colocated at max_staleness 1,
-    9 steps: too short for a steady state, which the rows say."""
+    ``stalenesses``, else the recipe's own. ``steps`` 0: each row until steady, at most
+    ``cap`` steps. ``quick``: 4+4 and colocated at max_staleness 1, 9 steps: too short for a
+    steady state, which the rows say."""
     from dataclasses import asdict
 
     from spade_async import recipe
@@ -144,7 +149,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
 
     cfg = recipe.load(path, [])
     kw = ({"splits": ("4+4", "colocated"), "stalenesses": (1,), "steps": 9} if quick
-          else {"steps": steps, "stalenesses": tuple(stalenesses),
+          else {"steps": steps, "stalenesses": tuple(stalenesses), "cap": cap,
                 "splits": tuple(splits or SPLITS)})  # fmt: skip
     if not full:
         kw["stalenesses"] = (cfg.max_staleness,)
@@ -154,7 +159,9 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
     print(f"{path.stem} on 8 x {gpu}\n{table}\n{hint}", file=sys.stderr, flush=True)
     return {"recipe": path.name, "gpu": gpu, "rows": [asdict(r) for r in rows], "table": table,
             "recipe_split": current_split(cfg), "faster": hint,
-            "steps": max((r.steps for r in rows), default=0)}  # fmt: skip
+            "steps": max((r.steps for r in rows), default=0),
+            "steps_mode": "fixed" if quick or steps else "auto",
+            "cap": max((r.cap for r in rows), default=0)}  # fmt: skip
 
 
 def headline(rows: list[dict], max_staleness: int = 2) -> dict:
@@ -197,10 +204,12 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help="write bench/results/simulate.json")
     ap.add_argument(
         "--steps",
-        type=int,
-        default=0,
-        help="steps per placement run (default: six regeneration windows + 1)",
+        default="auto",
+        help="steps per placement run; auto (the default): each row window after window "
+        "until steady, at most --cap steps",
     )
+    ap.add_argument("--cap", type=int, default=0,
+                    help="auto's most steps a row runs (default: 16 regeneration windows + 1)")  # fmt: skip
     ap.add_argument("--staleness", default=STALENESS, help="max_staleness values (async)")
     ap.add_argument("--splits", default=",".join(SPLITS), help="placements to simulate")
     ap.add_argument(
@@ -224,6 +233,9 @@ def main() -> None:
                     help="every GPU recipe's table on H100 and H200 (its own max_staleness), "
                     "saved as bench/results/simulate_recipes.json; long")  # fmt: skip
     args = ap.parse_args()
+    if args.steps != "auto" and not (args.steps.isdigit() and int(args.steps) > 0):
+        ap.error(f"--steps {args.steps!r}: give auto or a positive whole number of steps")
+    steps_n = 0 if args.steps == "auto" else int(args.steps)
     if args.recipes:
         all_recipes()
         return
@@ -240,7 +252,8 @@ def main() -> None:
             placement(
                 "h100-80gb",
                 args.quick,
-                steps=args.steps,
+                steps=steps_n,
+                cap=args.cap,
                 stalenesses=[int(x) for x in args.staleness.split(",")],
                 splits=tuple(x.strip() for x in args.splits.split(",") if x.strip()),
                 jobs=args.jobs,
@@ -256,7 +269,8 @@ def main() -> None:
         "bench": "simulate",
         "command": "python bench/simulate.py"
         + (" --quick" if args.quick else "")
-        + (f" --steps {args.steps}" if args.steps else "")
+        + (f" --steps {args.steps}" if steps_n else "")
+        + (f" --cap {args.cap}" if args.cap else "")
         + (f" --staleness {args.staleness}" if args.staleness != STALENESS else "")
         + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else "")
         + (f" --part {args.part}" if args.part != "all" else "")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -64,19 +63,20 @@ class AuditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 class Pace:
     """The turn times of one real play, for the scripted play paired with it."""
 
-    ticks: list[float] = field(default_factory=list)  # monotonic time of each step sent
+    # the event loop's clock (anyio.current_time: monotonic, or the simulator's virtual time)
+    ticks: list[float] = field(default_factory=list)  # when each step was sent
     opened: anyio.Event = field(default_factory=anyio.Event)
     ended: anyio.Event = field(default_factory=anyio.Event)
-    started_at: float = 0.0
+    started_at: float | None = None
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     def open(self) -> None:
-        self.started_at = time.monotonic()
+        self.started_at = anyio.current_time()
         self.opened.set()
 
     def tick(self) -> None:
         """The real play is about to send a step."""
-        self.ticks.append(time.monotonic())
+        self.ticks.append(anyio.current_time())
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -86,7 +86,7 @@ class Pace:
         self._changed.set()
 
     def mean_gap(self, default: float) -> float:
-        t = [self.started_at, *self.ticks] if self.started_at else self.ticks
+        t = [self.started_at, *self.ticks] if self.started_at is not None else self.ticks
         if len(t) < 2:
             return default
         return (t[-1] - t[0]) / (len(t) - 1)
@@ -97,10 +97,10 @@ class Pace:
         while len(self.ticks) <= k and not self.ended.is_set():
             await self._changed.wait()
         if len(self.ticks) <= k:  # the sibling ended sooner: its mean gap, from our last step
-            wait = last[0] + self.mean_gap(default_gap) - time.monotonic()
+            wait = last[0] + self.mean_gap(default_gap) - anyio.current_time()
             if wait > 0:
                 await anyio.sleep(wait)
-        last[0] = time.monotonic()
+        last[0] = anyio.current_time()
 
 
 class ScriptedResult(msgspec.Struct, kw_only=True):
@@ -164,13 +164,13 @@ async def scripted_play(
 
     res = ScriptedResult(kind=kind, env_id=env_id, seed=seed)
     inst = None
-    last = [time.monotonic()]
+    last = [anyio.current_time()]
     try:
         inst = await pool.open(source, env_id=env_id)
         res.calls += 1
         await pool.reset(inst, seed)
         res.calls += 1
-        last[0] = time.monotonic()
+        last[0] = anyio.current_time()
         if setting == "tool_use":
             await pool.get_tools(inst)
             res.calls += 1

@@ -4,20 +4,28 @@
 ready to run, instead of sleeping until the next timer it moves the counter to that timer
 (trio's ``MockClock(autojump_threshold=0)`` in asyncio form), so anyio's ``sleep``,
 ``move_on_after`` and ``current_time`` -- everything the loop waits on -- run in simulated
-seconds, and a simulated hour costs only the controller's own CPU. Work on other threads
-would not be waited for by a jumping clock: the simulator runs none (its memory writer
-writes inline), and when the loop has no timer and nothing ready it waits a real moment for
-a thread, then reports a deadlock instead of hanging.
+seconds, and a simulated hour costs only the controller's own CPU.
+
+Work on other threads would not be waited for by a jumping clock: the clock would move on
+while a thread ran, and the thread's result would land at a virtual time set by the real
+machine's speed (a run not repeatable). So ``run_virtual`` runs every thread hand-off
+inline, taking no virtual time: ``anyio.to_thread.run_sync`` (swapped for the run's
+duration) and the loop's ``run_in_executor`` (``asyncio.to_thread``). When the loop has no
+timer and nothing ready it waits a real moment for some other thread, then reports a
+deadlock instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 
 __all__ = ["VirtualLoop", "Deadlock", "run_virtual"]
 
@@ -64,7 +72,35 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += max(0.0, seconds)
 
+    def run_in_executor(self, executor, func, *args) -> asyncio.Future:
+        """Inline, in no virtual time (see the module docstring)."""
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except BaseException as exc:  # the caller's await raises it, as from a thread
+            fut.set_exception(exc)
+        return fut
+
+
+async def _inline_run_sync(func: Callable[..., T], *args: Any, **_: Any) -> T:
+    """``anyio.to_thread.run_sync`` in the loop's own thread (a checkpoint, then the call)."""
+    await anyio.lowlevel.checkpoint()
+    return func(*args)
+
+
+@contextlib.contextmanager
+def _threads_inline():
+    was = anyio.to_thread.run_sync
+    anyio.to_thread.run_sync = _inline_run_sync
+    try:
+        yield
+    finally:
+        anyio.to_thread.run_sync = was
+
 
 def run_virtual(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``anyio.run(fn, *args)`` on a ``VirtualLoop``."""
-    return anyio.run(fn, *args, backend="asyncio", backend_options={"loop_factory": VirtualLoop})
+    """``anyio.run(fn, *args)`` on a ``VirtualLoop``, thread hand-offs inline."""
+    with _threads_inline():
+        return anyio.run(
+            fn, *args, backend="asyncio", backend_options={"loop_factory": VirtualLoop}
+        )

@@ -44,7 +44,7 @@ def _pool_code(i: int) -> str:
     return f"class SimPoolEnv{i}:\n    uid = {i}\n"
 
 
-async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None) -> dict:
+async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None, until=None) -> dict:
     run_dir = RunDir(root / "run").create()
     rng = np.random.default_rng(seed)
     store = MemoryStore(run_dir.memory, cfg.memory)
@@ -81,11 +81,14 @@ async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None) -> dict
                 from spade_async.loop.run import _schedule, tune_gc
 
                 gc_was = tune_gc()  # as loop.run.train sets it
+                stop = anyio.Event()
+                if until is not None:  # sees every step record; the loop stops as on a signal
+                    tel.sinks.append(_Until(until, stop))
                 SIM_CPU[0] = 0.0
                 cpu0, t0 = time.process_time(), anyio.current_time()
                 async with anyio.create_task_group() as watch:
                     watch.start_soon(_watch_depth, writer, depth)
-                    await _schedule(rt, anyio.Event())
+                    await _schedule(rt, stop)
                     watch.cancel_scope.cancel()
                 cpu, wall = time.process_time() - cpu0, anyio.current_time() - t0
                 sim_cpu = SIM_CPU[0]
@@ -122,16 +125,37 @@ async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None) -> dict
     }
 
 
+class _Until:
+    """A telemetry sink: each step record's virtual time goes to ``until(step_times)``; when
+    it answers True the loop is asked to stop (it finishes the step it is in, as on SIGINT).
+    The steps before are those of a longer run: nothing in a step looks at what follows."""
+
+    def __init__(self, until, stop: anyio.Event) -> None:
+        self.until, self.stop, self.times = until, stop, []
+
+    def write(self, record: dict) -> None:
+        self.times.append(record.get("time/elapsed_s", 0.0))
+        if not self.stop.is_set() and self.until(list(self.times)):
+            self.stop.set()
+
+    def close(self) -> None:
+        return None
+
+
 async def _watch_depth(writer: MemoryWriter, depth: dict) -> None:
     while True:
         depth["memory_writes"] = max(depth["memory_writes"], writer.depth)
         await anyio.sleep(1.0)
 
 
-def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0, tokenizer=None) -> dict:
+def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0, tokenizer=None,
+             until=None) -> dict:  # fmt: skip
     """``steps`` trainer steps of ``cfg``'s schedule on simulated parts (see module doc);
     ``tokenizer``: a real Hugging Face tokenizer to put in the controller's path
-    (``parts.RealTokenizerInPath``), else ``parts.SimTokenizer``."""
+    (``parts.RealTokenizerInPath``), else ``parts.SimTokenizer``; ``until(step_times)``:
+    called after every step with the virtual times so far, True stops the run there (fewer
+    than ``steps``). The same ``cfg``, costs and seed give the same figures, run to run
+    (virtual time only; ``tests/unit/test_sim_repeatable.py``)."""
     if tokenizer is not None:
         from spade_async.sim.parts import RealTokenizerInPath
 
@@ -143,7 +167,7 @@ def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0, tokenizer=None) ->
     )
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with tempfile.TemporaryDirectory(prefix="spade-sim-") as tmp:
-        out = run_virtual(_run, cfg, costs, Path(tmp), seed, tokenizer)
+        out = run_virtual(_run, cfg, costs, Path(tmp), seed, tokenizer, until)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["rss_growth_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     return out

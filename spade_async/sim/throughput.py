@@ -13,7 +13,15 @@ regeneration windows (``regen_interval`` steps); the first window (pipeline fill
 last (the tail: the run stops with work in flight) are left out, and the step time is the
 mean over the windows between. A row is steady when adding its last measured window moves
 that mean less than ``STEADY`` (2%) and, for a ratio, moves the ratio less than 2% too; a row
-that is not says so instead of giving a figure (run more ``--steps``).
+that is not says so instead of giving a figure.
+
+How long each run is: by default (``steps`` 0, "auto") each row runs window after window
+until it is steady, up to ``cap`` steps (``AUTO_CAP_WINDOWS`` windows), and reports the steps
+it used; the check runs at each window's end on the same figures the row then reports (the
+loop is stopped there, as on a signal: the steps before are those of a longer run). Only a
+row that reaches the cap unsettled says ``not steady at N steps``. A fixed ``steps`` runs
+exactly that many. The simulation is repeatable (virtual time, seeded draws, thread
+hand-offs inline): the same command gives the same figures.
 
 The headline compares each async row with the *best* sync placement at the same GPU count
 (colocated included: ``over_best_sync``) and, beside it, with sync on its own split
@@ -39,13 +47,16 @@ __all__ = [
     "format_rows",
     "faster_placement",
     "steady_steps",
+    "settled",
     "window_means",
+    "AUTO_CAP_WINDOWS",
 ]
 
 SPLITS = ("2+6", "3+5", "4+4", "5+3", "6+2", "colocated")
 OFFLOAD = 'trainer.offload = "optimizer"'
 STEADY = 0.02  # a mean (or a ratio) that moves less than this with one more window is steady
 MIN_WINDOWS = 4  # warm-up + two measured windows + tail
+AUTO_CAP_WINDOWS = 16  # "auto": a row still unsettled after this many windows says so
 
 
 def steady_steps(regen_interval: int, windows: int = 6) -> int:
@@ -70,6 +81,16 @@ def moved(series: list[float]) -> float | None:
     return abs(series[-1] / series[-2] - 1) if len(series) >= 2 else None
 
 
+def settled(step_times: list[float], window: int) -> bool:
+    """At a window's end: the steady mean (``window_means``) moved less than ``STEADY``
+    with its last measured window (the test a row's figure is given on)."""
+    w = max(1, window)
+    if len(step_times) % w:
+        return False
+    m = moved(window_means(step_times, w))
+    return m is not None and m < STEADY
+
+
 @dataclass
 class Row:
     split: str
@@ -86,6 +107,8 @@ class Row:
     window: int = 1  # steps per regeneration window
     window_s: list[float] | None = None  # cumulative steady mean, one per measured window
     steady: bool = False
+    cap: int = 0  # "auto": the most steps the row could run (0: a fixed step count)
+    moved: float | None = None  # how much the last measured window moved the mean
     over_best_sync: float | None = None
     best_sync: str = ""  # the best sync placement's split
     ratio_by_steps: list[tuple[int, float]] | None = None  # (steps measured, over best sync)
@@ -134,10 +157,12 @@ def _fits(cfg, gpu: str) -> tuple[str, int]:
 
 
 def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: int,
-            extra: list[str], costs_file=None, seed: int = 0, offload: bool = True) -> Row:  # fmt: skip
+            extra: list[str], costs_file=None, seed: int = 0, offload: bool = True,
+            auto: bool = False) -> Row:  # fmt: skip
     """One placement x schedule; a trainer that fits only with the optimizer offloaded runs
-    so (``offload``), its host round trip costed (``sim/extras.py``)."""
-    row = Row(split=split, schedule=schedule, staleness=staleness)
+    so (``offload``), its host round trip costed (``sim/extras.py``). ``auto``: ``steps`` is
+    the cap, and the run stops at the first window's end where it is ``settled``."""
+    row = Row(split=split, schedule=schedule, staleness=staleness, cap=steps if auto else 0)
     base = recipe.load(path, list(extra))
     tp = max(1, len(base.engine.gpus[0])) if base.engine.gpus else 1
     sets = [*extra, f"schedule='{schedule}'", f"max_staleness={staleness}"]
@@ -162,18 +187,21 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         checkpointing=cfg.trainer.activation_checkpointing, costs_file=costs_file,
         push_bytes=push_bytes, offload=cfg.trainer.offload == "optimizer",
     )  # fmt: skip
-    out = simulate(cfg, costs, steps, seed=seed)
-    t, w = out["step_times"], max(1, cfg.regen_interval)
+    w = max(1, cfg.regen_interval)
+    until = (lambda times: settled(times, w)) if auto else None
+    out = simulate(cfg, costs, steps, seed=seed, until=until)
+    t = out["step_times"]
     row.steps, row.window, row.window_s = len(t), w, window_means(t, w)
     row.max_sample_age = out["max_sample_age"]
     if not row.window_s:
         row.note = (f"too short for a steady state: {len(t)} steps, need "
                     f"{MIN_WINDOWS * w} (--steps)")  # fmt: skip
         return row
-    move = moved(row.window_s)
+    move = row.moved = moved(row.window_s)
     row.steady = move is not None and move < STEADY
     if not row.steady:
-        row.note = f"not steady at {len(t)} steps (last window moved {move:.1%}): more --steps"
+        more = "the cap: more --cap" if auto else "more --steps"
+        row.note = f"not steady at {len(t)} steps (last window moved {move:.1%}): {more}"
         return row
     row.step_s = row.window_s[-1]
     k = len(row.window_s)
@@ -186,17 +214,20 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
           extra: list[str] | None = None, costs_file=None, progress=None,
-          jobs: int = 1) -> list[Row]:  # fmt: skip
-    """Every split x (sync, async at each staleness); ``steps`` 0: ``steady_steps`` (six
-    regeneration windows and a step); ``jobs`` > 1: that many simulations at once, each in
-    a process of its own (virtual time: the figures do not depend on it)."""
+          jobs: int = 1, cap: int = 0) -> list[Row]:  # fmt: skip
+    """Every split x (sync, async at each staleness); ``steps`` 0: "auto", each row until
+    it is steady or ``cap`` steps (0: ``AUTO_CAP_WINDOWS`` regeneration windows and a step);
+    ``jobs`` > 1: that many simulations at once, each in a process of its own (virtual
+    time: the figures do not depend on it)."""
     extra = list(extra or [])
     base = recipe.load(path, extra)
-    steps = steps or steady_steps(base.regen_interval)
+    auto = not steps
+    steps = steps or cap or steady_steps(base.regen_interval, AUTO_CAP_WINDOWS)
     gpu_costs(base.model, gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=costs_file)
-    tasks = [(str(path), gpu, split, "sync", base.max_staleness, steps, extra, costs_file)
+    tail = (0, True, auto)  # seed, offload, auto
+    tasks = [(str(path), gpu, split, "sync", base.max_staleness, steps, extra, costs_file, *tail)
              for split in splits]  # fmt: skip
-    tasks += [(str(path), gpu, split, "async", s, steps, extra, costs_file)
+    tasks += [(str(path), gpu, split, "async", s, steps, extra, costs_file, *tail)
               for split in splits if split != "colocated" for s in stalenesses]  # fmt: skip
     if jobs > 1:
         import multiprocessing as mp
@@ -230,8 +261,9 @@ def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SP
 
 
 def compare(rows: list[Row]) -> None:
-    """Each async row over the best steady sync row (and the ratio against steps: steady when
-    its last window moved it less than ``STEADY``); the best sync and async rows marked."""
+    """Each async row over the best steady sync row: steady when one more window of each
+    (their last measured ones) moved the ratio less than ``STEADY``; the ratio against steps
+    over the windows both measured; the best sync and async rows marked."""
     syncs = [r for r in rows if r.schedule == "sync" and r.step_s]
     if not syncs:
         return
@@ -243,7 +275,7 @@ def compare(rows: list[Row]) -> None:
         n = min(len(r.window_s), len(best.window_s))
         ratios = [best.window_s[j] / r.window_s[j] for j in range(n)]
         r.ratio_by_steps = [((j + 1) * r.window, round(x, 3)) for j, x in enumerate(ratios)]
-        m = moved(ratios)
+        m = moved([best.window_s[-2] / r.window_s[-2], best.window_s[-1] / r.window_s[-1]])
         if m is None or m >= STEADY:
             r.note = f"ratio not steady at {r.steps} steps: more --steps"
             continue
@@ -254,17 +286,17 @@ def compare(rows: list[Row]) -> None:
 
 
 def format_rows(rows: list[Row]) -> str:
-    head = (f"{'split':<10} {'schedule':<8} {'stale':>5} {'step s':>8} {'samples/h':>10} "
+    head = (f"{'split':<10} {'schedule':<8} {'stale':>5} {'steps':>5} {'step s':>8} {'samples/h':>10} "
             f"{'engines':>8} {'trainer':>8} {'vs best':>8} {'vs same':>8}  ")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         stale = r.staleness if r.schedule == "async" else "-"
-        if r.step_s is None:
-            lines.append(f"{r.split:<10} {r.schedule:<8} {stale:>5} {r.note}")
-            continue
         split = r.split + ("*" if r.offloaded else "")
+        if r.step_s is None:
+            lines.append(f"{split:<10} {r.schedule:<8} {stale:>5} {r.steps or '':>5} {r.note}")
+            continue
         lines.append(
-            f"{split:<10} {r.schedule:<8} {stale:>5} "
+            f"{split:<10} {r.schedule:<8} {stale:>5} {r.steps:>5} "
             f"{r.step_s:>8.1f} {r.samples_per_hour:>10.0f} {r.engine_busy:>8.0%} "
             f"{r.trainer_busy:>8.0%} "
             f"{(f'{r.over_best_sync:.2f}x' if r.over_best_sync else ''):>8} "
