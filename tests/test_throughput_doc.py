@@ -78,3 +78,25 @@ def test_a_figure_that_disagrees_is_found(tmp_path):
     assert check(block.replace("1.50x", "1.60x"), tmp_path)
     with pytest.raises(KeyError):
         check("1.0x <!-- r.json:a.nope -->", tmp_path)
+
+
+def test_doc_figures_rewrites_the_cited_figures_and_nothing_else(tmp_path):
+    """bench/doc_figures.py: a rerun's values in place of the old figures (their decimals,
+    sign, commas and unit kept), cited blocks replaced whole, the prose untouched."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from doc_figures import refresh
+
+    (tmp_path / "r.json").write_text(json.dumps(
+        {"a": {"rows": [{"k": "x", "v": 2.0614, "e": -0.1104, "n": 12345.6}]}, "t": "A 1.50x\n"}))  # fmt: skip
+    page = ("Async runs 1.90x <!-- r.json:a.rows[k=x].v --> faster (error +3.1% "
+            "<!-- r.json:a.rows[k=x].e -->, 1,000 <!-- r.json:a.rows[k=x].n --> a step).\n"
+            "```text r.json:t\nA 1.20x\n```\nThe 1.90x above is prose.\n")  # fmt: skip
+    new, changed = refresh(page, tmp_path)
+    assert new == ("Async runs 2.06x <!-- r.json:a.rows[k=x].v --> faster (error -11.0% "
+                   "<!-- r.json:a.rows[k=x].e -->, 12,346 <!-- r.json:a.rows[k=x].n --> a step).\n"
+                   "```text r.json:t\nA 1.50x\n```\nThe 1.90x above is prose.\n")  # fmt: skip
+    assert len(changed) == 4
+    assert check(new.replace("The 1.90x above is prose.\n", ""), tmp_path) == []
+    assert refresh(new, tmp_path) == (new, [])
