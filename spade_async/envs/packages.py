@@ -4,7 +4,9 @@ Generated environments are standard library only (docs/environments.md), so a po
 no site-packages by default. Trusted environment code of our own (the reasoning-gym
 evaluation suites) needs a library: the pool names its distributions, and each one's
 top-level modules, with those of every installed requirement, are bound read-only into
-bubblewrap workers at ``/opt/spade/site`` (on ``sys.path`` there). Nothing else of the
+bubblewrap workers at ``/opt/spade/site-packages`` (on ``sys.path`` there), each with its metadata
+directory (``NAME.dist-info``: libraries that read their own version with
+``importlib.metadata`` at import, as httpx2 and verifiers' do, find it). Nothing else of the
 virtual environment, the project or the home directory becomes visible. At the ``unshare``
 and ``rlimit`` levels the worker is the virtual environment's interpreter, which sees its
 site-packages anyway.
@@ -22,7 +24,9 @@ from spade_async.errors import SpadeError
 
 __all__ = ["SITE", "package_binds"]
 
-SITE = "/opt/spade/site"
+# "site-packages" in the path: libraries tell installed modules by it (dill, which datasets
+# fingerprints with, pickles a module found elsewhere by value, and fails)
+SITE = "/opt/spade/site-packages"
 
 
 def _key(name: str) -> str:
@@ -58,7 +62,7 @@ def package_binds(distributions: tuple[str, ...]) -> tuple[tuple[str, str], ...]
             )
         for f in dist.files or []:
             top = f.parts[0]
-            if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".pth")):
+            if top in ("..", "__pycache__") or top.endswith(".pth"):
                 continue
             if len(f.parts) == 1 and not top.endswith((".py", ".so")):
                 continue  # scripts, licences and data files at the top of site-packages

@@ -6,7 +6,7 @@ Strongest available first:
               filesystem is an empty root with only /usr (and its /lib, /bin links), the
               Python installation (``sys.base_prefix``) and the worker's own files at
               /opt/spade bound read-only (with the pool's ``packages``, if any, at
-              /opt/spade/site), a private size-capped tmpfs /tmp, /proc (with
+              /opt/spade/site-packages), a private size-capped tmpfs /tmp, /proc (with
               /proc/keys and /proc/key-users masked) and /dev;
               no home, project or run directory; ``--clearenv``; ``--die-with-parent``.
               Everything writable is size-capped: the root and /dev are remounted

@@ -67,7 +67,7 @@ if ToolUseBaseEnv is not None:
 
 
 SOURCE_NAME = "<environment>"
-SITE = "/opt/spade/site"  # packages.SITE: the pool's trusted packages under bubblewrap
+SITE = "/opt/spade/site-packages"  # packages.SITE: the pool's trusted packages under bubblewrap
 
 
 class CappedSink:
