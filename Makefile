@@ -78,7 +78,7 @@ INTEROP := .venv-interop
 test-interop: $(STAMP)
 	test -x $(INTEROP)/bin/python || $(UV) venv -q --python $(BIN)/python $(INTEROP)
 	VIRTUAL_ENV=$(INTEROP) $(UV) pip sync -q --compile-bytecode --require-hashes requirements/interop.lock
-	VIRTUAL_ENV=$(INTEROP) $(UV) pip install -q --no-deps --compile-bytecode tests/fixtures/textgym_pkg
+	VIRTUAL_ENV=$(INTEROP) $(UV) pip install -q --no-deps --compile-bytecode tests/fixtures/textgym_pkg tests/fixtures/vfgames_pkg
 	printf "import site; site.addsitedir('%s')\n" "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
 		> "$$($(INTEROP)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_spade_main.pth"
 	$(INTEROP)/bin/python -m pytest -q -p no:cacheprovider -m interop tests/interop
