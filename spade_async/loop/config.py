@@ -31,3 +31,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "requests and their KV cache (no flush: later requests may reuse old-weight prefixes); "
         "abort ends them",
     ) = "retract"
+    regen_overlap: Doc(
+        bool,
+        "async: design the next regeneration window in the background while the engines play "
+        "the current window's environments again (counted as pipeline/carried_groups), instead "
+        "of admitting no group until the designer's batch is generated and validated; off under "
+        "deterministic = true (the rng would be drawn in timing order)",
+    ) = False

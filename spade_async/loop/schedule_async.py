@@ -4,7 +4,9 @@ Two tasks in one task group, joined by one bounded stream of ``Group``s (all pla
 environment at one policy snapshot):
 
     producer: regenerate environments (every ``regen_interval`` versions) -> hints ->
-              play groups, at most ``groups_in_flight`` at once -> stream
+              play groups, at most ``groups_in_flight`` at once -> stream; with
+              ``pipeline.regen_overlap`` the next window is designed in the background
+              while the current window's environments are played again
     consumer: take a step's worth of groups -> drop stale ones -> score -> samples ->
               train step (trainer busy while the producer keeps generating) -> pause the
               engines, push weights, resume -> log -> checkpoint
@@ -108,20 +110,36 @@ async def producer(
     def priority(step: int):
         return request_priority(step if ranked else None)
 
+    # regen_overlap: the next window is designed in the background while the engines play
+    # the current window's environments again (carried rounds), instead of waiting for it
+    overlap = pc.regen_overlap and not cfg.deterministic  # rng order would follow timing
+    pending: Regeneration | None = None
     async with send, anyio.create_task_group() as tg:
         while not stop.is_set():
             st = rt.state
+            carried = False  # this round replays the current window while the next is designed
             if cfg.designer_enabled and (
                 sh.window_start < 0 or st.version - sh.window_start >= cfg.regen_interval
             ):
-                with priority(sh.admission.current_step(sh.envs_per_step)):
-                    samples = await cycle.regenerate(rt, st.version)
-                sh.window = cycle.Window(samples=samples)
-                sh.window_start = st.version
-                st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
-                fresh = True
+                if overlap and sh.window_start >= 0 and st.current_envs and pending is None:
+                    pending = Regeneration(st.version)
+                    with priority(sh.admission.current_step(sh.envs_per_step)):
+                        tg.start_soon(pending.run, rt)
+                if pending is None:
+                    with priority(sh.admission.current_step(sh.envs_per_step)):
+                        samples = await cycle.regenerate(rt, st.version)
+                    _new_window(sh, st, samples, st.version)
+                    fresh = True
+                elif pending.samples is not None:  # designed while the engines played on
+                    _new_window(sh, st, pending.samples, st.version)
+                    pending, fresh = None, True
+                else:
+                    carried = True
             envs = cycle.env_refs(rt, st.current_envs + await cycle.replay(rt, cfg.replay_envs))
             sh.envs_per_step = pc.groups_per_step or max(1, len(envs))
+            if not envs and pending is not None:  # nothing left to carry: wait for the design
+                await pending.done.wait()
+                continue
             if not envs:  # nothing valid to play: an empty step (as in sync), then regenerate
                 if not cfg.designer_enabled:
                     raise SpadeError(
@@ -134,14 +152,40 @@ async def producer(
                 hints = await cycle.window_hints(rt, sh.window, envs, fresh=fresh)
             fresh = False
             for env in envs:
+                if carried and pending is not None and pending.samples is not None:
+                    break  # the next window is ready: its groups take the rest of the round
                 await limiter.acquire()
                 step = await sh.admission.admit(lambda: sh.envs_per_step)
                 if stop.is_set():
                     limiter.release()
                     break
                 n = cycle.plays_per_env(cfg, len(envs))
+                if carried:
+                    rt.meters.count("pipeline/carried_groups")
                 with priority(step):  # the group's task (and its plays') inherit it
                     tg.start_soon(_play_group, rt, env, hints, send.clone(), limiter, n)
+
+
+class Regeneration:
+    """One window's design run in the background (``pipeline.regen_overlap``) from the
+    version it started at: its samples once the designer's batch is generated and
+    validated. The window starts when they are installed (as a blocking regeneration's does
+    when it returns)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.samples: list | None = None
+        self.done = anyio.Event()
+
+    async def run(self, rt: Runtime) -> None:
+        self.samples = await cycle.regenerate(rt, self.version)
+        self.done.set()
+
+
+def _new_window(sh: Shared, st, samples: list, version: int) -> None:
+    sh.window = cycle.Window(samples=samples)
+    sh.window_start = version
+    st.current_envs = [s.env_id for s in sh.window.samples if s.env_id]
 
 
 async def _play_group(rt, env, hints, send: ObjectSendStream[Group], limiter, n: int) -> None:
