@@ -1,7 +1,8 @@
 """The real libraries (``make test-interop``: .venv-interop from requirements/interop.lock).
 
-Sources: each of rg:, gym:, gem: imported into memory through the gates and one CPU training
-step on it (a tiny model, fixed_pool mode). Targets: the demo run's memory exported to
+Sources: each of rg:, gym:, gem:, verifiers: imported into memory through the gates and one
+CPU training step on it (a tiny model, fixed_pool mode; test_interop_verifiers.py checks the
+verifiers: source's rewards against verifiers' own). Targets: the demo run's memory exported to
 verifiers and to OpenEnv, one episode played through each library's own client with the
 environment's solution(), and the reward equal to the one spade-async's sandbox gives.
 Skipped, with the reason, where the packages are not installed (the default suite)."""
@@ -22,7 +23,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-NEEDED = ("verifiers", "openenv", "gem", "gymnasium", "reasoning_gym", "spade_textgym")
+NEEDED = ("verifiers", "openenv", "gem", "gymnasium", "reasoning_gym", "spade_textgym",
+          "spade_vfguess")  # fmt: skip
 MISSING = [m for m in NEEDED if importlib.util.find_spec(m) is None]
 pytestmark = [
     pytest.mark.interop,
@@ -36,6 +38,7 @@ SOURCES = {
     "rg": ("rg:leg_counting,basic_arithmetic?size=8", ["reasoning-gym"]),
     "gym": ("gym:spade_textgym:spade/GuessNumber-v0", ["gymnasium", "spade-textgym"]),
     "gem": ("gem:game:GuessTheNumber-v0-easy", ["gem-llm"]),
+    "verifiers": ("verifiers:spade_vfguess?size=6", ["verifiers", "spade-vfgames"]),
 }
 
 
