@@ -118,6 +118,64 @@ def test_gym_refuses_non_text_spaces():
         sources.load("gym:FrozenLake-v1")
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("verifiers") is not None, reason="verifiers is installed"
+)
+def test_verifiers_without_the_library_is_one_line():
+    with pytest.raises(
+        SourceError, match="needs the Python package 'verifiers'.*pip install verifiers"
+    ):
+        sources.load("verifiers:vf_reverse_text")
+    with pytest.raises(SourceError, match="unknown option 'attempts' for 'verifiers:'"):
+        sources.load("verifiers:vf_reverse_text?attempts=2")
+
+
+def test_verifiers_rows_kept_by_their_own_answers():
+    """Checked rows only when any own answer scores 1.0; else every row, unverified."""
+    from spade_async.envs.sources.verifiers import keep
+
+    rows = [{"answer": "1"}, {"answer": "2"}, {"answer": ""}, {"answer": "4"}]
+    checks = [
+        {"i": 0, "solution": "<a>1</a>", "turns": 1, "score": 1.0, "why": None},
+        {"i": 1, "solution": None, "turns": 0, "score": 0.5, "why": None},
+        {"i": 3, "solution": "4", "turns": 2, "score": 1.0, "why": None},
+    ]
+    notes: list[str] = []
+    kept = keep(rows, checks, notes)
+    assert kept == [rows[0] | {"solution": "<a>1</a>", "turns": 1},
+                    rows[3] | {"solution": "4", "turns": 2}]  # fmt: skip
+    assert notes == [
+        "row 1 left out: its own answer scores 0.5",
+        "row 2 left out: no answer to check",
+    ]
+    crashed = [{"i": 0, "solution": None, "turns": 0, "score": None, "why": "RuntimeError: x"}]
+    notes = []
+    assert keep(rows, crashed, notes) == [r | {"solution": None, "turns": 0} for r in rows]
+    assert notes[0] == "row 0: checking its own answer failed (RuntimeError: x)"
+    assert "row 1: its own answer not checked" in notes[1] and "unverified" in notes[-1]
+    wrong = [{"i": i, "solution": None, "turns": 0, "score": 0.0, "why": None} for i in (0, 1, 3)]
+    assert keep(rows, wrong, []) == []  # every own answer checked, none right: nothing to write
+    assert keep([{"q": 1}], [], []) == [{"q": 1, "solution": None, "turns": 0}]
+
+
+def test_verifiers_source_writes_rows_as_literals():
+    import ast
+
+    from spade_async.envs.sources.vf_source import source
+    from spade_async.envs.static import find_env_class
+
+    rows = [{"prompt": [{"role": "user", "content": '"""\nimport os; os._exit(1)  # {x}'}],
+             "answer": "1", "example_id": 0, "solution": "1", "turns": 1}]  # fmt: skip
+    code = source("vf_demo", rows, origin="verifiers:vf_demo?size=1#0:1", max_turns=7)
+    tree = ast.parse(code)
+    assert find_env_class(tree) == "VfDemoEnv"
+    values = {n.targets[0].id: n.value for n in tree.body
+              if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}  # fmt: skip
+    assert ast.literal_eval(values["ROWS"]) == rows
+    assert ast.literal_eval(values["MAX_TURNS"]) == 7
+    assert ast.literal_eval(values["MODULE"]) == "vf_demo"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("gem") is not None, reason="gem-llm is installed")
 def test_missing_library_names_what_to_install():
     with pytest.raises(SourceError, match="needs the Python package 'gem'.*pip install gem-llm"):

@@ -3,7 +3,7 @@
     rg:NAME[,NAME...][?size=N&seed=S&per_env=K&attempts=A]   reasoning-gym datasets
     gym:[MODULE:]ID[?max_turns=T]                            a Gymnasium env with Text spaces
     gem:ID[?max_turns=T]                                     a GEM game (gem-llm)
-    verifiers:MODULE[?size=N&attempts=A]                     a verifiers environment (installed)
+    verifiers:MODULE[?size=N&per_env=K&max_turns=T]         a verifiers environment (installed)
 
 Each scheme's module turns the value into ordinary environment sources of ours
 (``Item``: one Python file each, the contract of docs/environments.md) that then go through the

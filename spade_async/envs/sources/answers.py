@@ -1,7 +1,7 @@
 """The answer an agent's reply gives: the content of its last ``\\boxed{...}`` (braces balanced).
 
-Standard library only, and copied verbatim into the environment sources that ``rg:`` and
-``verifiers:`` write (``inspect.getsource``), so the parent that checks a dataset's own answers
+Standard library only, and copied verbatim into the environment sources that ``rg:`` writes
+(``inspect.getsource``), so the parent that checks a dataset's own answers
 and the sandboxed environment that scores the agent read a reply the same way.
 """
 
