@@ -18,17 +18,25 @@ model saw; the ``Conversation`` keeps what the model saw, which is what training
 
 ``loss_mask`` is 1 on generated tokens and 0 on prompt/template/observation tokens;
 ``logprobs`` holds the engine's log-prob per generated token (0.0 elsewhere).
+
+CPU (the controller encodes every observation; ``docs/throughput.md`` section 4): texts are
+encoded on a fast tokenizer's Rust backend directly (``encode_ids``: the same pipeline and
+ids as ``tokenizer(text)``, without its Python layers and its one-item batch call, which
+hands the text to the Rust thread pool and back), and what a template writes after an
+assistant turn (its end-of-turn tail, and the tail's ids after each stop token) is
+rendered and encoded once per tokenizer, template, tools and thinking flag, not per turn.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from spade_async.errors import ConfigError
 
-__all__ = ["render_prompt", "render_text", "Conversation", "strip_think"]
+__all__ = ["render_prompt", "render_text", "Conversation", "strip_think", "encode_ids"]
 
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
@@ -69,8 +77,30 @@ def strip_think(text: str) -> str:
     return _THINK.sub("", text).strip()
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def _backend(tokenizer: Any):
+    """The ``tokenizers.Tokenizer`` under a Hugging Face fast tokenizer when encoding on it
+    directly gives ``tokenizer(text, add_special_tokens=False)``'s ids: no truncation or
+    padding set on it (``__call__`` would switch them off first) and special tokens split
+    as the wrapper says; else None (a slow or simulated tokenizer: its own ``__call__``)."""
+    bt = getattr(tokenizer, "backend_tokenizer", None)
+    if bt is None or type(bt).__module__.split(".")[0] != "tokenizers":
+        return None
+    if bt.truncation is not None or bt.padding is not None:
+        return None
+    if bt.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return bt
+
+
+def encode_ids(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer(text, add_special_tokens=False).input_ids`` (see the module docstring)."""
+    bt = _backend(tokenizer)
+    if bt is not None:
+        return bt.encode(text, add_special_tokens=False).ids
     return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+_encode = encode_ids
 
 
 def render_prompt(
@@ -106,7 +136,9 @@ class Conversation:
         self.loss_mask: list[int] = [0] * self.prompt_len
         self.logprobs: list[float] = [0.0] * self.prompt_len
         self.turns = 0
-        self._end_tail = self._turn_end_tail()
+        self._last_id: int | None = None  # the last generated id (None: no output yet)
+        self._tail = _tail(self)
+        self._end_tail = self._tail.text
 
     def add_assistant(
         self,
@@ -123,7 +155,7 @@ class Conversation:
         if text is None:
             text = self.tokenizer.decode(list(output_ids), skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": text})
-        self._last_output = list(output_ids)
+        self._last_id = int(output_ids[-1]) if len(output_ids) else None
         self.turns += 1
 
     def add_observation(self, content: str, role: str = "user") -> list[int]:
@@ -166,13 +198,9 @@ class Conversation:
         return text[at + len(_SENTINEL) :]
 
     def _end_of_turn_ids(self) -> list[int]:
-        """Template tokens that close the last assistant turn after its generated ids."""
-        tail = self._end_tail
-        if self._last_output and self._last_output[-1] in set(self.tokenizer.all_special_ids):
-            stop_text = self.tokenizer.decode(self._last_output[-1:], skip_special_tokens=False)
-            if stop_text and tail.startswith(stop_text):  # stopped on the end-of-turn token
-                return _encode(self.tokenizer, tail[len(stop_text) :])
-        return _encode(self.tokenizer, tail)  # stopped on length or a stop string
+        """Template tokens that close the last assistant turn after its generated ids (a
+        list shared through the cache: callers copy, never extend it)."""
+        return self._tail.ids_after(self._last_id)
 
     def _turns_text(self, turns: Sequence[dict]) -> str:
         """Text the template writes for ``turns`` + generation prompt after an assistant turn:
@@ -187,3 +215,50 @@ class Conversation:
                 "this template cannot be used for multi-turn episodes"
             )
         return suffix[len(self._end_tail) :]
+
+
+class _Tail:
+    """What a template writes after an assistant message's content (``text``), for one
+    tokenizer, template, tools and thinking flag: its ids, and per special stop token the ids
+    of the rest of it (a reply that stopped on the end-of-turn token already holds it)."""
+
+    __slots__ = ("tokenizer", "text", "ids", "special", "after")
+
+    def __init__(self, tokenizer: Any, text: str) -> None:
+        self.tokenizer, self.text = tokenizer, text
+        self.ids = _encode(tokenizer, text)
+        self.special = frozenset(tokenizer.all_special_ids)
+        self.after: dict[int, list[int]] = {}
+
+    def ids_after(self, last: int | None) -> list[int]:
+        if last is None or last not in self.special:
+            return self.ids  # stopped on length or a stop string
+        hit = self.after.get(last)
+        if hit is None:
+            stop_text = self.tokenizer.decode([last], skip_special_tokens=False)
+            if stop_text and self.text.startswith(stop_text):  # stopped on the end-of-turn token
+                hit = _encode(self.tokenizer, self.text[len(stop_text) :])
+            else:
+                hit = self.ids
+            self.after[last] = hit
+        return hit
+
+
+_TAILS: dict[tuple, _Tail] = {}
+_TAILS_MAX = 256
+
+
+def _tail(conv: Conversation) -> _Tail:
+    """``conv``'s template tail, rendered and encoded once per key (see ``_Tail``)."""
+    tok = conv.tokenizer
+    tpl = tok.chat_template
+    tools = json.dumps(conv.tools, sort_keys=True, default=repr) if conv.tools else None
+    key = (id(tok), tpl if isinstance(tpl, str) else repr(tpl), tools, conv.enable_thinking)
+    hit = _TAILS.get(key)
+    if hit is not None and hit.tokenizer is tok:
+        return hit
+    hit = _Tail(tok, conv._turn_end_tail())
+    if len(_TAILS) >= _TAILS_MAX:
+        _TAILS.clear()
+    _TAILS[key] = hit
+    return hit
