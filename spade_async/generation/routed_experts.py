@@ -94,8 +94,8 @@ def route_shape_of(model_dir) -> RouteShape | None:
 def decode_sglang(text: str, shape: RouteShape, expected_rows: int) -> bytes:
     """``meta_info["routed_experts"]`` -> a sample's compact bytes; RouteError when its size
     is not ``expected_rows`` x layers x top-k int32 or an id is outside [0, experts)."""
-    try:
-        raw = base64.b64decode(text, validate=True)
+    try:  # b64decode(text, validate=True) without its copy of the text to bytes
+        raw = binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
         raise RouteError(f"routed_experts is not base64 ({exc})") from None
     per_row = shape.layers * shape.topk * 4
@@ -108,10 +108,16 @@ def decode_sglang(text: str, shape: RouteShape, expected_rows: int) -> bytes:
     if got != expected_rows:
         raise RouteError(f"routed_experts has {got} token rows, expected {expected_rows}")
     ids = np.frombuffer(raw, dtype="<i4")
-    if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= shape.experts):
-        bad = int(ids.min()) if int(ids.min()) < -1 else int(ids.max())
+    lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    if lo < -1 or hi >= shape.experts:
+        bad = lo if lo < -1 else hi
         raise RouteError(f"routed_experts holds expert id {bad}, outside [0, {shape.experts})")
-    return np.where(ids < 0, shape.unset, ids).astype(shape.dtype).tobytes()  # -1: unset
+    # one cast for the whole response: ids in [-1, experts) fit the dtype, and -1 becomes
+    # uint8's 255, its unset; int16 keeps -1, which is set to its unset after
+    out = ids.astype(shape.dtype)
+    if lo < 0 and shape.dtype.kind != "u":
+        out[out == -1] = shape.unset
+    return out.tobytes()
 
 
 def encode_sglang(ids_RLK) -> str:
