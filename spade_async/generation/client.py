@@ -147,6 +147,7 @@ class GenerationClient(WeightRoutes):
         self._adapter_inflight: dict[str | None, int] = {}
         self.route_shape = None  # routing replay (enable_routes): a RouteShape
         self._route_warned: set[str] = set()  # engines already warned about bad routes
+        self._targets: dict[str, httpx.URL] = {}  # url + path, parsed once (not per request)
         # the newest weight version each engine reported (replies, model_info): an episode's
         # next turn asks for its routes from 0 when its engine's weights moved (engine_version)
         self.seen_versions: dict[str, str] = {}
@@ -485,7 +486,7 @@ class GenerationClient(WeightRoutes):
                 with anyio.fail_after(cfg.request_timeout_s):
                     resp = await self._http.request(
                         method,
-                        url + path,
+                        self._target(url, path),
                         content=data,
                         headers={"content-type": "application/json"} if data is not None else None,
                     )
@@ -512,6 +513,16 @@ class GenerationClient(WeightRoutes):
             f"engine {url}{path} failed after {cfg.max_retries + 1} attempts ({last}); "
             "is the server running and healthy?"
         )
+
+    def _target(self, url: str, path: str) -> httpx.URL:
+        """``url + path`` as httpx's URL, parsed once: a str is parsed again per request."""
+        key = url + path
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) > 1024:  # engines come and go: keep it bounded
+                self._targets.clear()
+            target = self._targets[key] = httpx.URL(key)
+        return target
 
 
 class _Held(Exception):
