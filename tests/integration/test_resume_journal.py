@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_signals import _cmdline, _ours, spawn_train
+from test_signals import _gone, spawn_train
 
 from spade_async.episodes import journal as jr
 from spade_async.episodes import recovery as rc
@@ -26,23 +26,6 @@ def _start(
             f"checkpoint_every={EVERY}", "max_staleness=1", "agent.plays_nohint=4",
             "telemetry.dashboard='off'"]  # fmt: skip
     return spawn_train(tiny_model, tmp_path, run_dir, sets)
-
-
-def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
-    """This run's engines and trainer ranks still alive (sandbox workers name neither path:
-    test_signals.py checks those, on a machine where no other run has any)."""
-
-    def mine() -> list[int]:
-        return [
-            p
-            for p in _ours(run_dir, model)
-            if str(run_dir) in _cmdline(p) or str(model) in _cmdline(p)
-        ]
-
-    deadline = time.monotonic() + timeout
-    while (left := mine()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -91,11 +91,51 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: fl
     pytest.fail(f"no checkpoint step-{step} within {timeout} s")
 
 
-def _gone(run_dir: Path, model: Path, timeout: float = 15) -> list[int]:
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _tree(root: int) -> set[tuple[int, str]]:
+    """(pid, start time) of every live descendant of ``root`` (through bubblewrap's PID
+    namespaces too: /proc shows them with host pids). A sandbox worker names no run path,
+    so the run's own workers are known by descent, not by name: another run's on the same
+    machine (a parallel test, another user) are not this run's."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (st := _stat(int(d.name))) is not None:
+            parents.setdefault(st[0], []).append(int(d.name))
+            starts[int(d.name)] = st[2]
+    out, todo = set(), [root]
+    while todo:
+        for kid in parents.get(todo.pop(), []):
+            out.add((kid, starts[kid]))
+            todo.append(kid)
+    return out
+
+
+def _gone(
+    run_dir: Path, model: Path, kids: set[tuple[int, str]] = frozenset(), timeout: float = 15
+) -> list[int]:
+    """This run's processes still alive ``timeout`` s on: its engines and trainer ranks (they
+    name the run directory or the model), and ``kids``, the run's descendants seen while it
+    ran (``_tree``), its sandbox workers among them."""
+
+    def left() -> list[int]:
+        named = [p for p in _ours(run_dir, model) if str(run_dir) in _cmdline(p)
+                 or str(model) in _cmdline(p)]  # fmt: skip
+        alive = [p for p, t in kids if (st := _stat(p)) and st[1] != "Z" and st[2] == t]
+        return sorted(set(named) | set(alive))
+
     deadline = time.monotonic() + timeout
-    while (left := _ours(run_dir, model)) and time.monotonic() < deadline:
+    while (rest := left()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return left
+    return rest
 
 
 @pytest.mark.timeout(600)
@@ -103,6 +143,8 @@ def test_sigint_stops_cleanly_with_a_checkpoint(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
     _wait_for_step(run_dir, proc, 1)
+    kids = _tree(proc.pid)
+    assert any("/opt/spade/worker.py" in _cmdline(p) for p, _ in kids), "no sandbox worker seen"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
@@ -115,7 +157,7 @@ def test_sigint_stops_cleanly_with_a_checkpoint(tiny_model, tmp_path):
         if (p / "DONE").exists()
     )
     assert latest == steps[-1] < 50
-    assert not _gone(run_dir, tiny_model), "children outlived a Ctrl-C"
+    assert not _gone(run_dir, tiny_model, kids), "children outlived a Ctrl-C"
 
 
 @pytest.mark.timeout(600)
@@ -123,10 +165,11 @@ def test_kill9_then_resume(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tiny_model, tmp_path, run_dir, max_steps=50)
     _wait_for_step(run_dir, proc, 1)
+    kids = _tree(proc.pid)
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(timeout=30)
     proc.stdout.close()
-    assert not _gone(run_dir, tiny_model), "engines, ranks or workers outlived kill -9"
+    assert not _gone(run_dir, tiny_model, kids), "engines, ranks or workers outlived kill -9"
     done = sorted(
         int(p.name.split("-")[1])
         for p in (run_dir / "checkpoints").glob("step-*")
@@ -160,7 +203,8 @@ def test_dead_trainer_is_restarted_from_the_checkpoint(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tiny_model, tmp_path, run_dir, max_steps=4)
     _wait_for_step(run_dir, proc, 1)
-    ranks = [p for p in _ours(run_dir, tiny_model) if "spade_async.trainer.main" in _cmdline(p)]
+    kids = _tree(proc.pid)
+    ranks = [p for p, _ in kids if "spade_async.trainer.main" in _cmdline(p)]
     assert ranks
     for pid in ranks:
         os.kill(pid, signal.SIGKILL)
@@ -178,4 +222,4 @@ def test_dead_trainer_is_restarted_from_the_checkpoint(tiny_model, tmp_path):
     # account for it. tests/unit/test_trainer_restart_accounting.py pins each landing point.
     lost = last.get("train/lost_batches", 0) + last.get("trainer/lost_versions", 0)
     assert last["version"] == 4 - lost, (last["version"], lost)
-    assert not _gone(run_dir, tiny_model), "children outlived the run"
+    assert not _gone(run_dir, tiny_model, kids), "children outlived the run"
