@@ -134,13 +134,16 @@ class SimEngine:
             self.running.append(run)
 
     async def run(self) -> None:
+        """The engine's task; all of its CPU, its waits' too, is the engine's (``_Timed``)."""
+        await _Timed(self._loop())
+
+    async def _loop(self) -> None:
         c = self.c
         while True:
             if self.held or not (self.running or self.queue):
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
-            c0 = time.process_time()
             self._admit()
             b = len(self.running)
             k = min(r.left for r in self.running)
@@ -150,10 +153,8 @@ class SimEngine:
             due = prefill + k * t_iter
             self._wake = anyio.Event()
             t0 = anyio.current_time()
-            SIM_CPU[0] += time.process_time() - c0
             with anyio.move_on_after(due):
                 await self._wake.wait()
-            c0 = time.process_time()
             spent = anyio.current_time() - t0
             self.busy_s += spent
             self.batch_s += b * spent
@@ -163,7 +164,6 @@ class SimEngine:
                 n = min(k, max(0, int((spent - prefill) / t_iter))) if spent > prefill else 0
             self._pending_prefill_s = max(0.0, prefill - spent)
             if n == 0:
-                SIM_CPU[0] += time.process_time() - c0
                 continue
             self.decoded += n * b
             still = []
@@ -175,7 +175,36 @@ class SimEngine:
                 else:
                     still.append(r)
             self.running = still
-            SIM_CPU[0] += time.process_time() - c0
+
+
+class _Timed:
+    """Awaits a coroutine step by step, adding the CPU of each step (what it runs between
+    two suspensions, entering and leaving its cancel scopes and waits included) to
+    ``SIM_CPU``: a simulated engine's task is the engine's, none of it the controller's.
+    Every value, exception and cancellation passes through unchanged."""
+
+    __slots__ = ("coro",)
+
+    def __init__(self, coro) -> None:
+        self.coro = coro
+
+    def __await__(self):
+        coro, value, error = self.coro, None, None
+        while True:
+            c0 = time.process_time()
+            try:
+                out = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                SIM_CPU[0] += time.process_time() - c0
+            try:
+                value, error = (yield out), None
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - cancellation goes in, as await does
+                value, error = None, exc
 
 
 class SimClient(GenerationClient):

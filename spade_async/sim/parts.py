@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ import anyio
 import numpy as np
 
 from spade_async.envs.validate import Verdict
+from spade_async.generation.chat import encode_ids
 from spade_async.roles.agent import GAMES_SYSTEM, TOOL_SYSTEM
 from spade_async.roles.prompts import HINT_SYSTEM, TOOL_USE_HINT_SYSTEM
 from spade_async.sim.costs import Costs, lognormal
@@ -32,6 +35,7 @@ from spade_async.sim.engine import (
     ROLE_AGENT,
     ROLE_DESIGNER,
     ROLE_HINT,
+    SIM_CPU,
     SOLUTION,
     TOOL_REPLY,
     SimEngine,
@@ -78,33 +82,71 @@ def _role_tag(text: str) -> int | None:
     return ROLE_HINT if any(h in head for h in _HINT) else ROLE_DESIGNER
 
 
+_PLUMBING = frozenset({"encode_ids", "_encode", "render_text", "render_prompt", "_render"})
+
+
+def _caller() -> str:
+    """The controller's function that asked (past chat.py's own helpers)."""
+    f = sys._getframe(2)
+    for _ in range(4):
+        if f.f_code.co_name not in _PLUMBING:
+            break
+        f = f.f_back
+    return f.f_code.co_name
+
+
 class RealTokenizerInPath(SimTokenizer):
     """A real Hugging Face tokenizer in the controller's path: its chat template renders and
     it encodes every text the loop hands it (the CPU the controller pays), while the ids the
     engines see keep ``SimTokenizer``'s count (about four characters a token, the role tag
-    first) so that the simulated workload is the same with or without it."""
+    first) so that the simulated workload is the same with or without it; making those ids is
+    the simulator's CPU (``SIM_CPU``). ``cpu``: "encode|render|decode < caller" -> [calls,
+    CPU seconds], where the controller's tokenizer CPU goes; ``last``: the latest one made
+    (``bench/simulate.py`` reads its ``cpu`` after a run)."""
+
+    last: RealTokenizerInPath | None = None
 
     def __init__(self, real) -> None:
+        RealTokenizerInPath.last = self
         self.real = real
         self.name_or_path = f"{getattr(real, 'name_or_path', 'hf')} (in the path)"
         self.chat_template = real.chat_template
+        self.cpu: dict[str, list] = {}
+
+    def _count(self, kind: str, c0: float) -> None:
+        entry = self.cpu.setdefault(f"{kind} < {_caller()}", [0, 0.0])
+        entry[0] += 1
+        entry[1] += time.process_time() - c0
 
     def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True,
                             **kw) -> str:  # fmt: skip
-        return self.real.apply_chat_template(messages, tools=tools, tokenize=False,
+        c0 = time.process_time()
+        text = self.real.apply_chat_template(messages, tools=tools, tokenize=False,
                                              add_generation_prompt=add_generation_prompt, **kw)  # fmt: skip
+        self._count("render", c0)
+        return text
 
     def __call__(self, text: str, add_special_tokens: bool = False):
-        self.real(text, add_special_tokens=add_special_tokens)  # the real encoding's CPU
+        c0 = time.process_time()
+        if add_special_tokens:
+            self.real(text, add_special_tokens=True)  # the real encoding's CPU
+        else:  # as the controller encodes on a real tokenizer (generation/chat.py)
+            encode_ids(self.real, text)
+        self._count("encode", c0)
+        c0 = time.process_time()
         n = max(1, len(text) // CHARS_PER_TOKEN)
         ids = [5] * n
         tag = _role_tag(text)
         if tag is not None:
             ids[0] = tag
+        SIM_CPU[0] += time.process_time() - c0
         return SimpleNamespace(input_ids=ids)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self.real.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        c0 = time.process_time()
+        text = self.real.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        self._count("decode", c0)
+        return text
 
 
 # what observations and prompts read like (a real tokenizer's cost depends on the text)

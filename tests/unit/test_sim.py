@@ -7,6 +7,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import msgspec
@@ -136,6 +137,7 @@ def test_a_real_tokenizer_in_the_path_keeps_the_workload():
 
         def __call__(self, text, add_special_tokens=False):
             calls.append(text)
+            return SimpleNamespace(input_ids=[0])  # what encode_ids reads (generation/chat.py)
 
     tok = RealTokenizerInPath(Fake())
     text = tok.apply_chat_template([{"role": "system", "content": GAMES_SYSTEM}])
