@@ -19,6 +19,7 @@ SCRIPTS = sorted(
 
 def test_every_bench_script_is_listed():
     assert set(SCRIPTS) == {
+        "async_lab",
         "audit_cost",
         "env_check",
         "env_pool",
