@@ -114,6 +114,8 @@ async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None, until=N
         "max_sample_age": max((r.get("batch/max_agent_age", 0) for r in records), default=0),
         "versions": [r.get("version") for r in records],
         "step_times": [r.get("time/elapsed_s", 0.0) for r in records],
+        # the designer's cumulative count at each step: where it grows, a window started
+        "designed": [int(r.get("designer/generated") or 0) for r in records],
         "samples_per_step": [int(r.get("train/samples", 0)) for r in records],
         "max_ages": [r.get("batch/max_agent_age", 0) for r in records],
         "staleness_dropped": records[-1].get("staleness/dropped", 0) if records else 0,
@@ -126,16 +128,18 @@ async def _run(cfg, costs: Costs, root: Path, seed: int, tokenizer=None, until=N
 
 
 class _Until:
-    """A telemetry sink: each step record's virtual time goes to ``until(step_times)``; when
-    it answers True the loop is asked to stop (it finishes the step it is in, as on SIGINT).
-    The steps before are those of a longer run: nothing in a step looks at what follows."""
+    """A telemetry sink: each step record's virtual time and the designer's cumulative count
+    go to ``until(step_times, designed)``; when it answers True the loop is asked to stop (it
+    finishes the step it is in, as on SIGINT). The steps before are those of a longer run:
+    nothing in a step looks at what follows."""
 
     def __init__(self, until, stop: anyio.Event) -> None:
-        self.until, self.stop, self.times = until, stop, []
+        self.until, self.stop, self.times, self.designed = until, stop, [], []
 
     def write(self, record: dict) -> None:
         self.times.append(record.get("time/elapsed_s", 0.0))
-        if not self.stop.is_set() and self.until(list(self.times)):
+        self.designed.append(int(record.get("designer/generated") or 0))
+        if not self.stop.is_set() and self.until(list(self.times), list(self.designed)):
             self.stop.set()
 
     def close(self) -> None:
@@ -152,9 +156,9 @@ def simulate(cfg, costs: Costs, steps: int, *, seed: int = 0, tokenizer=None,
              until=None) -> dict:  # fmt: skip
     """``steps`` trainer steps of ``cfg``'s schedule on simulated parts (see module doc);
     ``tokenizer``: a real Hugging Face tokenizer to put in the controller's path
-    (``parts.RealTokenizerInPath``), else ``parts.SimTokenizer``; ``until(step_times)``:
-    called after every step with the virtual times so far, True stops the run there (fewer
-    than ``steps``). The same ``cfg``, costs and seed give the same figures, run to run
+    (``parts.RealTokenizerInPath``), else ``parts.SimTokenizer``; ``until(step_times,
+    designed)``: called after every step with the virtual times so far and the designer's
+    cumulative count at each, True stops the run there (fewer than ``steps``). The same ``cfg``, costs and seed give the same figures, run to run
     (virtual time only; ``tests/unit/test_sim_repeatable.py``)."""
     if tokenizer is not None:
         from spade_async.sim.parts import RealTokenizerInPath

@@ -49,6 +49,7 @@ __all__ = [
     "steady_steps",
     "settled",
     "window_means",
+    "window_starts",
     "AUTO_CAP_WINDOWS",
 ]
 
@@ -64,16 +65,39 @@ def steady_steps(regen_interval: int, windows: int = 6) -> int:
     return windows * max(1, regen_interval) + 1
 
 
-def window_means(step_times: list[float], window: int) -> list[float]:
+def window_starts(designed: list[int], window: int) -> list[int] | None:
+    """The step indices (0-based) where a regeneration window started: the steps whose
+    record shows the designer's cumulative count grown (the design cycles the run had: under
+    async a cycle is ``regen_interval`` versions plus the wait for the design, 5-6 steps at
+    ``regen_interval`` 4, so fixed 4-step windows would beat against it). None when the
+    designer never ran (a fixed pool): fixed ``window``-step windows."""
+    if not designed or not designed[0]:
+        return None
+    return [i for i, d in enumerate(designed) if i == 0 or d > designed[i - 1]]
+
+
+def bounds(n: int, window: int, starts: list[int] | None = None) -> list[int]:
+    """Window boundaries of an ``n``-step run: window j is steps ``[b[j], b[j+1])``, and
+    every window listed is complete (fixed windows: all their steps done; design cycles:
+    the next one has started)."""
+    if starts is None:
+        w = max(1, window)
+        return list(range(0, n // w * w + 1, w))
+    return [b for b in starts if b < n]
+
+
+def window_means(step_times: list[float], window: int,
+                 starts: list[int] | None = None) -> list[float]:  # fmt: skip
     """Cumulative mean step time after the warm-up window, one value per measured window
     (the first and the last complete windows left out): ``[mean over window 1, over 1-2,
-    ...]``. Empty when the run has fewer than ``MIN_WINDOWS`` windows."""
-    w = max(1, window)
-    k = len(step_times) // w
+    ...]``, whole windows only; ``starts``: design-cycle windows (``window_starts``), else
+    fixed ``window``-step ones. Empty when the run has fewer than ``MIN_WINDOWS`` windows."""
+    b = bounds(len(step_times), window, starts)
+    k = len(b) - 1
     if k < MIN_WINDOWS:
         return []
-    t0 = step_times[w - 1]
-    return [(step_times[(j + 1) * w - 1] - t0) / (j * w) for j in range(1, k - 1)]
+    t0 = step_times[b[1] - 1]
+    return [(step_times[b[j + 1] - 1] - t0) / (b[j + 1] - b[1]) for j in range(1, k - 1)]
 
 
 def moved(series: list[float]) -> float | None:
@@ -81,13 +105,13 @@ def moved(series: list[float]) -> float | None:
     return abs(series[-1] / series[-2] - 1) if len(series) >= 2 else None
 
 
-def settled(step_times: list[float], window: int) -> bool:
+def settled(step_times: list[float], window: int, starts: list[int] | None = None) -> bool:
     """At a window's end: the steady mean (``window_means``) moved less than ``STEADY``
     with its last measured window (the test a row's figure is given on)."""
-    w = max(1, window)
-    if len(step_times) % w:
+    n = len(step_times)
+    if starts is None and n % max(1, window) or starts is not None and starts[-1] != n - 1:
         return False
-    m = moved(window_means(step_times, w))
+    m = moved(window_means(step_times, window, starts))
     return m is not None and m < STEADY
 
 
@@ -106,6 +130,7 @@ class Row:
     steps: int = 0
     window: int = 1  # steps per regeneration window
     window_s: list[float] | None = None  # cumulative steady mean, one per measured window
+    window_steps: list[int] | None = None  # the steps each of those means is over
     steady: bool = False
     cap: int = 0  # "auto": the most steps the row could run (0: a fixed step count)
     moved: float | None = None  # how much the last measured window moved the mean
@@ -188,10 +213,12 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         push_bytes=push_bytes, offload=cfg.trainer.offload == "optimizer",
     )  # fmt: skip
     w = max(1, cfg.regen_interval)
-    until = (lambda times: settled(times, w)) if auto else None
+    until = (lambda t, d: settled(t, w, window_starts(d, w))) if auto else None
     out = simulate(cfg, costs, steps, seed=seed, until=until)
-    t = out["step_times"]
-    row.steps, row.window, row.window_s = len(t), w, window_means(t, w)
+    t, starts = out["step_times"], window_starts(out["designed"], w)
+    row.steps, row.window, row.window_s = len(t), w, window_means(t, w, starts)
+    b = bounds(len(t), w, starts)
+    row.window_steps = [b[j + 1] - b[1] for j in range(1, len(row.window_s) + 1)]
     row.max_sample_age = out["max_sample_age"]
     if not row.window_s:
         row.note = (f"too short for a steady state: {len(t)} steps, need "
@@ -204,8 +231,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         row.note = f"not steady at {len(t)} steps (last window moved {move:.1%}): {more}"
         return row
     row.step_s = row.window_s[-1]
-    k = len(row.window_s)
-    samples = out["samples_per_step"][w : (k + 1) * w] or out["samples_per_step"]
+    samples = out["samples_per_step"][b[1] : b[1] + row.window_steps[-1]]
     row.samples_per_hour = sum(samples) / len(samples) * 3600 / row.step_s
     row.engine_busy, row.trainer_busy = out["engine_busy_share"], out["trainer_busy_share"]
     row.controller_cpu_per_step_s = out["controller_cpu_s"] / max(1, out["steps"])
@@ -274,7 +300,8 @@ def compare(rows: list[Row]) -> None:
             continue
         n = min(len(r.window_s), len(best.window_s))
         ratios = [best.window_s[j] / r.window_s[j] for j in range(n)]
-        r.ratio_by_steps = [((j + 1) * r.window, round(x, 3)) for j, x in enumerate(ratios)]
+        at = r.window_steps or [(j + 1) * r.window for j in range(n)]
+        r.ratio_by_steps = [(at[j], round(x, 3)) for j, x in enumerate(ratios)]
         m = moved([best.window_s[-2] / r.window_s[-2], best.window_s[-1] / r.window_s[-1]])
         if m is None or m >= STEADY:
             r.note = f"ratio not steady at {r.steps} steps: more --steps"

@@ -54,8 +54,9 @@ def test_another_process_with_another_hash_seed_gives_the_same_figures():
 def test_sync_is_repeatable_and_until_stops_a_run_as_a_prefix_of_a_longer_one():
     seen = []
 
-    def until(times: list[float]) -> bool:
+    def until(times: list[float], designed: list[int]) -> bool:
         seen.append(len(times))
+        assert len(designed) == len(times) and designed[0] > 0  # the first step designs
         return len(times) == 3
 
     stopped = figures("sync", 6, until=until)
@@ -84,3 +85,25 @@ def test_auto_settles_at_a_window_end_on_the_reported_mean():
     means = window_means(many, 4)
     assert all(m == 5.0 for m in means) and settled(many[:12], 4) is False  # 3 windows: too few
     assert settled(many[:16], 4) and not settled(many[:17], 4)  # 17: not a window's end
+
+
+def test_design_cycle_windows_follow_the_runs_own_regenerations():
+    """Async designs every 5-6 steps at regen_interval 4: windows cut where the designer's
+    count grew hold one design step each, so a spike every 5 steps gives a flat mean (fixed
+    4-step windows beat against it)."""
+    import itertools
+
+    from spade_async.sim.throughput import bounds, settled, window_means, window_starts
+
+    steps = ([300.0] + [100.0] * 4) * 8  # a design step of 300 s, then 4 of 100 s
+    t = list(itertools.accumulate(steps))
+    designed = list(itertools.accumulate([24 if i % 5 == 0 else 0 for i in range(len(steps))]))
+    starts = window_starts(designed, 4)
+    assert starts == list(range(0, 40, 5)) and window_starts([0] * 40, 4) is None
+    assert bounds(40, 4, starts) == starts and bounds(41, 4, starts + [40]) == starts + [40]
+    means = window_means(t, 4, starts)
+    assert means == [140.0] * 5  # 7 complete cycles: warm-up and last out
+    fixed = window_means(t, 4)
+    assert max(fixed) - min(fixed) > 10  # 4-step windows beat against the 5-step cycle
+    assert settled(t[:36], 4, window_starts(designed[:36], 4))  # a cycle just started
+    assert not settled(t[:37], 4, window_starts(designed[:37], 4))  # mid-cycle: no check
