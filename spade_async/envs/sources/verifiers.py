@@ -79,7 +79,7 @@ def generate(value: str, module: str, size: int, max_turns: int) -> list[dict]:
         try:
             lines.append(ast.literal_eval(line))
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            break  # the environment printed to stdout: the rest is not ours to read
+            break  # not a line of ours (the child writes the environment's prints to stderr)
     if not lines or not isinstance(lines[0], dict):
         last = (err.strip().splitlines() or ["no output"])[-1][:300]
         raise SourceError(f"{value!r}: verifiers could not load {module!r} here: {last}")

@@ -30,10 +30,12 @@ import warnings
 from spade_async.envs.sources import literal
 from spade_async.envs.sources.rg_child import plain
 
+_OUT = sys.stdout  # our lines only: what the environment prints goes to stderr (main)
+
 
 def emit(obj: dict) -> None:
-    sys.stdout.write(repr(obj) + "\n")
-    sys.stdout.flush()
+    _OUT.write(repr(obj) + "\n")
+    _OUT.flush()
 
 
 def load(module: str):
@@ -181,6 +183,7 @@ def check(env, i: int, row: dict, max_turns: int, check_s: float) -> dict:
 def main() -> None:
     args = json.loads(sys.stdin.read())
     warnings.simplefilter("ignore")
+    sys.stdout = sys.stderr
     try:
         env, error = load(args["module"])
         notes: list[str] = []
