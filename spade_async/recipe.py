@@ -253,7 +253,13 @@ def check(cfg: Config) -> None:
             "source by scheme (rg:, gym:, gem:, verifiers:; docs/interop.md)"
         )
     if cfg.fixed_pool and is_scheme(cfg.fixed_pool):  # a bad scheme: one line (SourceError)
-        missing = sorted(set(parse(cfg.fixed_pool).packages) - set(cfg.envs.packages))
+        src = parse(cfg.fixed_pool)
+        need = set(src.packages)
+        if src.scheme == "verifiers":  # the environment's own distribution is imported too
+            from spade_async.envs.sources.verifiers import module_of
+
+            need.add(module_of(src.value, src.target)[1])
+        missing = sorted(need - set(cfg.envs.packages))
         if missing:
             raise ConfigError(
                 f"fixed_pool '{cfg.fixed_pool}' imports {missing[0]!r} in the sandbox: add it to "

@@ -181,3 +181,16 @@ def test_an_env_that_crashes_or_hangs_is_rejected(tmp_path, monkeypatch, module,
         assert out.outcome == "rejected" and out.stage in stages, (out.stage, out.reason)
         (rec,) = list(store.records())
         assert not rec.valid and rec.origin.source.startswith(value)
+
+
+def test_a_recipe_must_bind_the_environments_own_distribution():
+    """The worker imports the environment's module too, not only verifiers: a fixed pool
+    whose envs.packages leaves out the module's distribution is refused at start, naming it."""
+    from spade_async import recipe
+    from spade_async.errors import ConfigError
+
+    base = ["mode='fixed_pool'", "fixed_pool='verifiers:spade_vfguess?size=6'"]
+    with pytest.raises(ConfigError, match="imports 'spade-vfgames' in the sandbox"):
+        recipe.load(None, [*base, "envs.packages=['verifiers']"])
+    cfg = recipe.load(None, [*base, "envs.packages=['verifiers', 'spade-vfgames']"])
+    assert set(cfg.envs.packages) == {"verifiers", "spade-vfgames"}
