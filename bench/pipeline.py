@@ -7,8 +7,8 @@ small environments played by a random-initialised Llama sized so that generation
 training take comparable time; the same steps, environments, plays and samples run under
 both schedules (``same_workload`` checks it). One runtime serves every phase: one warm-up
 step of each schedule, then sync and async phases in turn (twice each; once with --quick),
-so the machine's drift hits both schedules alike. Checkpoints are skipped in both. Each async phase starts
-with an empty pipeline and its look-ahead is cut off at the end, which counts against it.
+so the machine's drift hits both schedules alike; a fixed CPU probe (``_probe.py``) around each phase
+records it. No checkpoints. Each async phase starts empty; its look-ahead is cut off at its end.
 
     python bench/pipeline.py [--quick] [--save] [--workload two_stage|three_stage] [--max-staleness N]
 
@@ -33,6 +33,7 @@ from pathlib import Path
 import anyio
 import msgspec
 from _hw import machine, refuse
+from _probe import PROBE, busy_between, mean_probe, proc_stat, sample
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -181,6 +182,7 @@ def overrides(
         # (the reference's rule, cut_reply = 'end', would end each episode before any step)
         "agent.cut_reply='step'",
         "agent.temperature=1.0",
+        "audit.share=0.0",  # every play trained, the declared workload (bench/audit_cost.py)
         "trainer.lr=1e-4",
         "trainer.micro_batch_tokens=4096",
         "telemetry.dashboard='off'",
@@ -311,10 +313,15 @@ def measure(tmp: Path, settings: list[str], quick: bool) -> tuple[list[dict], li
             # workers that async's look-ahead (1 + max_staleness steps of plays) needs
             await run_phase(rt, cfg, "sync", 1)
             await run_phase(rt, cfg, "async", 1)
-            phases = []
+            # machine speed out of sample: bench/_probe.py with every stage idle, around each phase
+            points, phases = [await anyio.to_thread.run_sync(sample)], []
             for _ in range(w["rounds"]):
                 for schedule in ("sync", "async"):
+                    stat0 = proc_stat()
                     phases.append(await run_phase(rt, cfg, schedule, w["phase_steps"]))
+                    cpu_busy = busy_between(stat0, proc_stat())
+                    points.append(await anyio.to_thread.run_sync(sample))
+                    phases[-1].update(probes=points[-2:], cpu_busy=cpu_busy)
             return phases
 
     phases = anyio.run(go)
@@ -337,6 +344,11 @@ def summarise(phases: list[dict], records: list[dict], schedule: str) -> dict:
         "wall_s": round(sum(p["wall_s"] for p in mine), 2),
         "wall_s_per_phase": [round(p["wall_s"], 2) for p in mine],
         "busy_s": {k: round(sum(p["busy_s"].get(k, 0.0) for p in mine), 2) for k in stages},
+        "busy_s_per_phase": [{k: round(v, 2) for k, v in p["busy_s"].items()} for p in mine],
+        # the probe around each phase (bench/_probe.py), its mean, each core's busy share
+        "probe_points": [q for p in mine for q in p.get("probes", [])],
+        "probe": mean_probe([q for p in mine for q in p.get("probes", [])]),
+        "cpu_busy_per_phase": [p.get("cpu_busy") for p in mine],
         "trained_samples": int(sum(r.get("train/samples", 0) for r in recs)),
         # {samples: steps}: one key when every step trained the same number
         "samples_per_step": dict(Counter(str(int(r.get("train/samples", 0))) for r in recs)),
@@ -384,11 +396,8 @@ def main() -> None:
         help=f"the run's max_staleness (default {MAX_STALENESS}, the recipes'); another value "
         "saves beside the default's result, as <name>_s<N>.json",
     )  # fmt: skip
-    ap.add_argument(
-        "--resummarise",
-        action="store_true",
-        help="recompute the report from the saved run's sync/async measurements (no run)",
-    )
+    ap.add_argument("--resummarise", action="store_true",
+                    help="recompute the report from the saved run's sync/async measurements (no run)")  # fmt: skip
     args = ap.parse_args()
     three = args.workload == "three_stage"
     stale = args.max_staleness
@@ -416,6 +425,7 @@ def main() -> None:
         hw = {
             **machine(),
             "placement": "CPU engine pinned to core 0, trainer rank to core 1, 1 torch thread each",
+            "probe": PROBE,
         }
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if args.controller_core >= 0:

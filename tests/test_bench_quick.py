@@ -25,6 +25,7 @@ def test_every_bench_script_is_listed():
         "env_pool",
         "generation",
         "eval",
+        "heldout",
         "interop",
         "logprob",
         "lora_push",

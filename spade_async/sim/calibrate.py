@@ -14,9 +14,11 @@ so that the async wall is predicted from a run that never ran the async schedule
 
 ``transfer`` carries one workload's per-unit costs to another workload (its known
 differences: environment sleep, rows, reply length, turns, trained tokens) and, optionally,
-to another run's machine speed (``speed``: one number, the ratio of the two runs' stage time
-on identical work, see ``run_speed``). The reply length and turn count are the workload's
-own (fixed: 2 turns, ``turn_tokens``).
+to another run's machine speed: per stage from the CPU probe (``probe_speed``: fixed work
+timed on each core around every phase of a ``bench/pipeline.py`` run, while its stages are
+idle, so never a timing of the work predicted), or one number from the target's own trainer
+(``run_speed``: in sample, shown only to size the drift). The reply length and turn count
+are the workload's own (fixed: 2 turns, ``turn_tokens``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ __all__ = [
     "cpu_costs",
     "transfer",
     "run_speed",
+    "probe_of",
+    "probe_speed",
+    "load_of",
+    "load_speed",
+    "slowdown",
+    "contention",
+    "with_trainer_factor",
     "engine_contention",
     "with_engine_factor",
     "ROW_SLOPE_S",
@@ -107,33 +116,108 @@ def run_speed(source: str | Path | dict, target: str | Path | dict, stage: str =
     return per_token(t) / per_token(s)
 
 
+# Which probe part (bench/_probe.py) paces which stage: the engine runs torch on core 0, the
+# trainer (and its push) torch on core 1, the controller and env workers Python on core 0.
+PROBE_PARTS = {"engine": ("core0", "torch_s"), "trainer": ("core1", "torch_s"),
+               "env": ("core0", "python_s")}  # fmt: skip
+
+
+def probe_of(saved: str | Path | dict, arm: str, phase: int | None = None) -> dict[str, float]:
+    """The CPU probe's mean seconds per stage (``PROBE_PARTS``) around ``arm``'s phases (or
+    one ``phase``, 0-based): taken while every stage was idle, never a timing of the work."""
+    d = _load(saved)
+    points = d[arm].get("probe_points") or []
+    if phase is not None:
+        points = points[2 * phase : 2 * phase + 2]  # before and after that phase
+    if not points:
+        w = d["workload"]
+        raise ValueError(
+            f"the saved {w['name']} run (max_staleness {w['max_staleness']}) has no CPU probe "
+            f"for its {arm} arm{'' if phase is None else f' phase {phase}'}: re-run it with "
+            "bench/pipeline.py --save (it probes around every phase)"
+        )
+    return {st: sum(p[c][k] for p in points) / len(points) for st, (c, k) in PROBE_PARTS.items()}
+
+
+def probe_speed(source: str | Path | dict, target: str | Path | dict, arm: str = "sync",
+                phase: int | None = None) -> dict[str, float]:  # fmt: skip
+    """How much slower each stage's core ran in ``target``'s ``arm`` (one ``phase``, or all)
+    than in ``source``'s sync arm, by the CPU probe alone: the speed a prediction of the
+    target may use without any timing of the target's work."""
+    s, t = probe_of(source, "sync"), probe_of(target, arm, phase)
+    return {k: t[k] / s[k] for k in s}
+
+
+def load_of(saved: str | Path | dict, arm: str, phase: int | None = None) -> float:
+    """The 1-minute load average read at the probe points around ``arm``'s phases (or one
+    ``phase``): the machine's runnable tasks over the last minute, ours (1 or 2) included."""
+    d = _load(saved)
+    points = d[arm].get("probe_points") or []
+    if phase is not None:
+        points = points[2 * phase : 2 * phase + 2]
+    if not points:
+        probe_of(d, arm, phase)  # raises, naming the fix
+    return sum(p["load_avg_1m"] for p in points) / len(points)
+
+
+def slowdown(load: float) -> float:
+    """How much slower a stage pinned to one of 2 cores runs among ``load`` runnable tasks
+    (its own included) than alone: the scheduler's fair share, ``2 / (load + 1)`` of a core
+    (the others spread over both cores; the +1 the stage's own), never faster than alone."""
+    return max(1.0, (load + 1) / 2)
+
+
+def load_speed(source: str | Path | dict, target: str | Path | dict, arm: str = "sync",
+               phase: int | None = None) -> dict[str, float]:  # fmt: skip
+    """``probe_speed``'s counterpart from the load average: the target phase's fair-share
+    slowdown over the source's sync arm's, every stage alike."""
+    ratio = slowdown(load_of(target, arm, phase)) / slowdown(load_of(source, "sync"))
+    return dict.fromkeys(PROBE_PARTS, ratio)
+
+
+def contention(saved: str | Path | dict, stage: str, by_load: bool = False) -> float:
+    """``stage``'s busy time per step in the async arm over the sync arm's (the same work);
+    ``by_load``: each arm's first divided by its load slowdown (``slowdown``), so that what
+    is left is what overlapping our own stages costs, not the machine's other load."""
+    d = _load(saved)
+
+    def per_step(arm: str) -> float:
+        t = d[arm]["busy_s"][stage] / d[arm]["steps"]
+        return t / slowdown(load_of(d, arm)) if by_load else t
+
+    return per_step("async") / per_step("sync")
+
+
 def transfer(costs: Costs, source: str | Path | dict, target: str | Path | dict,
-             speed: float = 1.0) -> Costs:  # fmt: skip
+             speed: float | dict[str, float] = 1.0) -> Costs:  # fmt: skip
     """``costs`` (measured on ``source``'s workload) carried to ``target``'s workload: the
     environment step is the target's sleep plus the source's measured overhead, the engine's
-    per-row part follows the target's rows (the simulated batch), the trainer its trained tokens; every measured
-    second scaled by ``speed`` (1.0: the same machine speed)."""
+    per-row part follows the target's rows (the simulated batch), the trainer its trained
+    tokens; every measured second scaled by ``speed`` (1.0: the same machine speed; a dict:
+    per stage, ``engine``, ``trainer`` (and push), ``env``, as ``probe_speed`` gives)."""
     s, t = _load(source), _load(target)
     ws, wt = s["workload"], t["workload"]
+    sp = speed if isinstance(speed, dict) else dict.fromkeys(PROBE_PARTS, float(speed))
     tokens_s = costs.notes.get("train_tokens_per_step") or 1.0
     tokens_t = t["sync"]["trained_tokens"] / t["sync"]["steps"]
     overhead = costs.notes.get("env_overhead_s", 0.0)
-    env = float(wt.get("env_step_sleep_s", 0.0)) + overhead * speed
+    env = float(wt.get("env_step_sleep_s", 0.0)) + overhead * sp["env"]
+    said = ", ".join(f"{k} x{v:.3f}" for k, v in sp.items()) if sp != dict.fromkeys(sp, 1.0) else ""
     return replace(
         costs,
         name=f"{ws['name']}'s per-unit costs carried to {wt['name']}"
-        + (f", x{speed:.3f} machine speed" if speed != 1.0 else ""),
-        iter_fixed_s=costs.iter_fixed_s * speed,  # the per-row part follows the target's rows
-        iter_per_seq_s=costs.iter_per_seq_s * speed,
-        train_fixed_s=costs.train_fixed_s * tokens_t / tokens_s * speed,
-        push_s=costs.push_s * speed,
+        + (f", machine speed {said}" if said else ""),
+        iter_fixed_s=costs.iter_fixed_s * sp["engine"],  # the per-row part: the target's rows
+        iter_per_seq_s=costs.iter_per_seq_s * sp["engine"],
+        train_fixed_s=costs.train_fixed_s * tokens_t / tokens_s * sp["trainer"],
+        push_s=costs.push_s * sp["trainer"],
         env_step_s=env,
         lengths=replace(
             costs.lengths,
             agent_reply_median=float(wt["turn_tokens"]),
             agent_turns_median=float(wt["turns"]),
         ),  # fmt: skip
-        notes={**costs.notes, "speed": speed},
+        notes={**costs.notes, "speed": sp},
     )
 
 
@@ -145,6 +229,17 @@ def engine_contention(saved: str | Path | dict) -> float:
     d = _load(saved)
     return (d["async"]["busy_s"]["engine"] / d["async"]["steps"]) / (
         d["sync"]["busy_s"]["engine"] / d["sync"]["steps"]
+    )
+
+
+def with_trainer_factor(costs: Costs, factor: float, why: str) -> Costs:
+    """``costs`` with every trainer second (training and push) scaled by ``factor``."""
+    return replace(
+        costs,
+        name=f"{costs.name}, trainer x{factor:.3f} ({why})",
+        train_fixed_s=costs.train_fixed_s * factor,
+        push_s=costs.push_s * factor,
+        notes={**costs.notes, "trainer_factor": factor, "trainer_factor_source": why},
     )
 
 
