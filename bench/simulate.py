@@ -140,7 +140,7 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
 
 def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
               steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1,
-              extra: tuple[str, ...] = (), cap: int = 0) -> dict:  # fmt: skip
+              extra: tuple[str, ...] = (), cap: int = 0, settle: int = 1) -> dict:  # fmt: skip
     """``path``'s table on 8 x ``gpu`` in steady state (``sim/throughput.py``); ``full``:
     ``stalenesses``, else the recipe's own. ``steps`` 0: each row until steady, at most
     ``cap`` steps. ``quick``: 4+4 and colocated at max_staleness 1, 9 steps: too short for a
@@ -152,7 +152,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
 
     cfg = recipe.load(path, [])
     kw = ({"splits": ("4+4", "colocated"), "stalenesses": (1,), "steps": 9} if quick
-          else {"steps": steps, "stalenesses": tuple(stalenesses), "cap": cap,
+          else {"steps": steps, "stalenesses": tuple(stalenesses), "cap": cap, "settle": settle,
                 "splits": tuple(splits or SPLITS)})  # fmt: skip
     if not full:
         kw["stalenesses"] = (cfg.max_staleness,)
@@ -164,7 +164,7 @@ def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
             "recipe_split": current_split(cfg), "faster": hint,
             "steps": max((r.steps for r in rows), default=0),
             "steps_mode": "fixed" if quick or steps else "auto",
-            "cap": max((r.cap for r in rows), default=0)}  # fmt: skip
+            "cap": max((r.cap for r in rows), default=0), "settle": settle}  # fmt: skip
 
 
 def headline(rows: list[dict], max_staleness: int = 2) -> dict:
@@ -211,6 +211,8 @@ def main() -> None:
         help="steps per placement run; auto (the default): each row window after window "
         "until steady, at most --cap steps",
     )
+    ap.add_argument("--settle", type=int, default=1,
+                    help="auto: windows in a row that must each move a row's mean < 2%%")  # fmt: skip
     ap.add_argument("--cap", type=int, default=0,
                     help="auto's most steps a row runs (default: 16 regeneration windows + 1)")  # fmt: skip
     ap.add_argument("--staleness", default=STALENESS, help="max_staleness values (async)")
@@ -257,6 +259,7 @@ def main() -> None:
                 args.quick,
                 steps=steps_n,
                 cap=args.cap,
+                settle=args.settle,
                 stalenesses=[int(x) for x in args.staleness.split(",")],
                 splits=tuple(x.strip() for x in args.splits.split(",") if x.strip()),
                 jobs=args.jobs,
@@ -272,6 +275,7 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + (f" --steps {args.steps}" if steps_n else "")
         + (f" --cap {args.cap}" if args.cap else "")
+        + (f" --settle {args.settle}" if args.settle != 1 else "")
         + (f" --staleness {args.staleness}" if args.staleness != STALENESS else "")
         + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else "")
         + (f" --part {args.part}" if args.part != "all" else "")

@@ -48,6 +48,7 @@ __all__ = [
     "faster_placement",
     "steady_steps",
     "settled",
+    "steady",
     "window_means",
     "window_starts",
     "AUTO_CAP_WINDOWS",
@@ -105,14 +106,24 @@ def moved(series: list[float]) -> float | None:
     return abs(series[-1] / series[-2] - 1) if len(series) >= 2 else None
 
 
-def settled(step_times: list[float], window: int, starts: list[int] | None = None) -> bool:
+def settled(step_times: list[float], window: int, starts: list[int] | None = None,
+            windows: int = 1) -> bool:  # fmt: skip
     """At a window's end: the steady mean (``window_means``) moved less than ``STEADY``
-    with its last measured window (the test a row's figure is given on)."""
+    with each of its last ``windows`` measured windows (the test a row's figure is given on;
+    2: two windows in a row, so that one window that happens to sit near the mean does not
+    settle a row alone)."""
     n = len(step_times)
     if starts is None and n % max(1, window) or starts is not None and starts[-1] != n - 1:
         return False
-    m = moved(window_means(step_times, window, starts))
-    return m is not None and m < STEADY
+    return steady(window_means(step_times, window, starts), windows)
+
+
+def steady(means: list[float], windows: int = 1) -> bool:
+    """Each of the last ``windows`` values of ``means`` moved less than ``STEADY``."""
+    k = max(1, windows)
+    if len(means) < k + 1:
+        return False
+    return all(moved(means[: len(means) - i]) < STEADY for i in range(k))
 
 
 @dataclass
@@ -183,10 +194,11 @@ def _fits(cfg, gpu: str) -> tuple[str, int]:
 
 def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: int,
             extra: list[str], costs_file=None, seed: int = 0, offload: bool = True,
-            auto: bool = False) -> Row:  # fmt: skip
+            auto: bool = False, settle: int = 1) -> Row:  # fmt: skip
     """One placement x schedule; a trainer that fits only with the optimizer offloaded runs
     so (``offload``), its host round trip costed (``sim/extras.py``). ``auto``: ``steps`` is
-    the cap, and the run stops at the first window's end where it is ``settled``."""
+    the cap, and the run stops at the first window's end where it is ``settled`` (over
+    ``settle`` windows in a row)."""
     row = Row(split=split, schedule=schedule, staleness=staleness, cap=steps if auto else 0)
     base = recipe.load(path, list(extra))
     tp = max(1, len(base.engine.gpus[0])) if base.engine.gpus else 1
@@ -213,7 +225,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
         push_bytes=push_bytes, offload=cfg.trainer.offload == "optimizer",
     )  # fmt: skip
     w = max(1, cfg.regen_interval)
-    until = (lambda t, d: settled(t, w, window_starts(d, w))) if auto else None
+    until = (lambda t, d: settled(t, w, window_starts(d, w), settle)) if auto else None
     out = simulate(cfg, costs, steps, seed=seed, until=until)
     t, starts = out["step_times"], window_starts(out["designed"], w)
     row.steps, row.window, row.window_s = len(t), w, window_means(t, w, starts)
@@ -225,7 +237,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
                     f"{MIN_WINDOWS * w} (--steps)")  # fmt: skip
         return row
     move = row.moved = moved(row.window_s)
-    row.steady = move is not None and move < STEADY
+    row.steady = steady(row.window_s, settle)
     if not row.steady:
         more = "the cap: more --cap" if auto else "more --steps"
         row.note = f"not steady at {len(t)} steps (last window moved {move:.1%}): {more}"
@@ -240,9 +252,10 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
           extra: list[str] | None = None, costs_file=None, progress=None,
-          jobs: int = 1, cap: int = 0) -> list[Row]:  # fmt: skip
+          jobs: int = 1, cap: int = 0, settle: int = 1) -> list[Row]:  # fmt: skip
     """Every split x (sync, async at each staleness); ``steps`` 0: "auto", each row until
     it is steady or ``cap`` steps (0: ``AUTO_CAP_WINDOWS`` regeneration windows and a step);
+    ``settle``: windows in a row that must each move a row's mean less than ``STEADY``;
     ``jobs`` > 1: that many simulations at once, each in a process of its own (virtual
     time: the figures do not depend on it)."""
     extra = list(extra or [])
@@ -250,7 +263,7 @@ def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SP
     auto = not steps
     steps = steps or cap or steady_steps(base.regen_interval, AUTO_CAP_WINDOWS)
     gpu_costs(base.model, gpu, engine_gpus=8, tp=1, trainer_gpus=8, costs_file=costs_file)
-    tail = (0, True, auto)  # seed, offload, auto
+    tail = (0, True, auto, settle)  # seed, offload, auto, settle
     tasks = [(str(path), gpu, split, "sync", base.max_staleness, steps, extra, costs_file, *tail)
              for split in splits]  # fmt: skip
     tasks += [(str(path), gpu, split, "async", s, steps, extra, costs_file, *tail)

@@ -107,3 +107,10 @@ def test_design_cycle_windows_follow_the_runs_own_regenerations():
     assert max(fixed) - min(fixed) > 10  # 4-step windows beat against the 5-step cycle
     assert settled(t[:36], 4, window_starts(designed[:36], 4))  # a cycle just started
     assert not settled(t[:37], 4, window_starts(designed[:37], 4))  # mid-cycle: no check
+
+
+def test_settle_over_two_windows_asks_each_to_move_the_mean_under_two_percent():
+    from spade_async.sim.throughput import steady
+
+    assert steady([100.0, 110.0, 110.5], 1) and not steady([100.0, 110.0, 110.5], 2)
+    assert steady([100.0, 110.0, 110.5, 111.0], 2) and not steady([110.0], 1)
