@@ -7,9 +7,11 @@ in place of the old figures, each with the decimals, sign and unit it was writte
 each cited block's text; nothing else on the page is touched (the prose that reads the
 figures is the author's to reread).
 
-    python bench/doc_figures.py docs/throughput.md [--check]
+    python bench/doc_figures.py docs/throughput.md [--check] [--only simulate_placement.json]
 
 --check: print the figures that would change and exit 1 if any would (nothing written).
+--only FILE.json: only the citations of that saved file (a page citing several files whose
+owners rerun them apart).
 The last line printed is one JSON object: the page, the figures cited, the ones changed.
 """
 
@@ -54,8 +56,9 @@ def shown(old: str, unit: str, value) -> str:
     return f"+{text}" if old.startswith("+") and v >= 0 else text
 
 
-def refresh(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
-    """``text`` with every cited figure and block from ``results``; the changes, one line each."""
+def refresh(text: str, results: Path = RESULTS, only: str = "") -> tuple[str, list[str]]:
+    """``text`` with every cited figure and block from ``results`` (``only``: of that file
+    alone); the changes, one line each."""
     cache: dict[str, object] = {}
     changed: list[str] = []
 
@@ -66,6 +69,8 @@ def refresh(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
 
     def block(m: re.Match) -> str:
         name, path, body = m.groups()
+        if only and name != only:
+            return m.group(0)
         new = str(resolve(saved(name), path)).rstrip("\n") + "\n"
         if new != body:
             changed.append(f"block {name}:{path}")
@@ -73,6 +78,8 @@ def refresh(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
 
     def figure(m: re.Match) -> str:
         old, unit, gap, name, path = m.groups()
+        if only and name != only:
+            return m.group(0)
         new = shown(old, unit or "", resolve(saved(name), path))
         if new != old:
             changed.append(f"{old}{unit or ''} -> {new}{unit or ''}  ({name}:{path})")
@@ -93,12 +100,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("page", type=Path, help="a docs page citing bench/results/*.json")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 on a change")
+    ap.add_argument("--only", default="", metavar="FILE.json", help="that file's citations alone")
     args = ap.parse_args()
     if not args.page.is_file():
         sys.exit(f"doc_figures: no page {args.page}: give a docs/*.md path")
     text = args.page.read_text()
     try:
-        new, changed = refresh(text)
+        new, changed = refresh(text, only=args.only)
     except (KeyError, IndexError, TypeError, FileNotFoundError) as exc:
         sys.exit(f"doc_figures: {args.page}: {exc} (the page cites what the results lack)")
     for line in changed:

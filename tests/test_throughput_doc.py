@@ -100,3 +100,4 @@ def test_doc_figures_rewrites_the_cited_figures_and_nothing_else(tmp_path):
     assert len(changed) == 4
     assert check(new.replace("The 1.90x above is prose.\n", ""), tmp_path) == []
     assert refresh(new, tmp_path) == (new, [])
+    assert refresh(page, tmp_path, only="other.json") == (page, [])  # another file's alone
