@@ -86,8 +86,9 @@ _PLUMBING = frozenset({"encode_ids", "_encode", "render_text", "render_prompt", 
 
 
 def _caller() -> str:
-    """The controller's function that asked (past chat.py's own helpers)."""
-    f = sys._getframe(2)
+    """The controller's function that asked (past ``_count``, the hook that called and
+    chat.py's own helpers)."""
+    f = sys._getframe(3)
     for _ in range(4):
         if f.f_code.co_name not in _PLUMBING:
             break

@@ -72,3 +72,22 @@ def test_exceptions_and_cancellation_pass_through():
 
     assert run_virtual(main) == pytest.approx(7.0)
     assert seen == ["cleaned up", "cleaned up"]
+
+
+def test_the_real_tokenizer_cpu_is_counted_by_the_controllers_caller(tokenizer_path):
+    """``RealTokenizerInPath.cpu`` names the controller's function that asked (bench/simulate.py
+    reports it per step), never the hook itself or chat.py's helpers."""
+    from transformers import AutoTokenizer
+
+    from spade_async.generation.chat import Conversation
+    from spade_async.sim.parts import RealTokenizerInPath
+
+    tok = RealTokenizerInPath(AutoTokenizer.from_pretrained(tokenizer_path))
+    conv = Conversation(tok, [{"role": "user", "content": "hi"}])
+    conv.add_assistant([5, 2], text="ok")
+    conv.add_observation("next")
+    assert RealTokenizerInPath.last is tok
+    assert {"encode < __init__", "render < __init__", "encode < add_observations",
+            "render < _turns_text"} <= set(tok.cpu)  # fmt: skip
+    assert all(n >= 1 and s >= 0 for n, s in tok.cpu.values())
+    assert not any(k.endswith(("__call__", "apply_chat_template", "encode_ids")) for k in tok.cpu)
