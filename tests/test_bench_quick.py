@@ -34,6 +34,7 @@ def test_every_bench_script_is_listed():
         "report",
         "router",
         "routing_replay",
+        "scale_ab",
         "simulate",
         "soak",
         "trainer",
