@@ -85,6 +85,18 @@ def route_decode(cfg, sim: dict) -> dict | None:
             "s_per_step": round(per_row * rows, 3)}  # fmt: skip
 
 
+def tokenizer_spots(steps: int) -> dict:
+    """The run's tokenizer CPU per step by kind and caller, and its calls per step
+    (``sim/parts.RealTokenizerInPath.cpu``), largest first."""
+    from spade_async.sim.parts import RealTokenizerInPath
+
+    cpu = RealTokenizerInPath.last.cpu if RealTokenizerInPath.last else {}
+    rows = sorted(cpu.items(), key=lambda kv: -kv[1][1])
+    return {k.replace(" < ", "/"): {"s": round(s / max(1, steps), 3),
+                                    "calls": round(n / max(1, steps))}
+            for k, (n, s) in rows}  # fmt: skip
+
+
 def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
              real_tokenizer: bool = True) -> dict:  # fmt: skip
     """The recipe at scale; ``real_tokenizer``: the embedded model's Hugging Face tokenizer
@@ -104,6 +116,7 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
     sim = simulate(cfg, costs, steps, tokenizer=tok)
     routes = route_decode(cfg, sim)
     loop_cpu = sim["controller_cpu_s"] / max(1, sim["steps"])
+    spots = tokenizer_spots(sim["steps"]) if real_tokenizer else {}
     ages = sim["max_ages"]
     versions = sim["versions"]
     return {
@@ -115,6 +128,8 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
         if real_tokenizer
         else "simulated (4 characters a token)",
         "loop_cpu_s_per_step": round(loop_cpu, 3),
+        # of it, the real tokenizer's: "encode|render|decode/the controller's caller"
+        "tokenizer_cpu_s_per_step": spots,
         "route_decoding": routes,
         # the loop's own CPU plus what the loop does not run here (route decoding)
         "controller_cpu_s_per_step": round(loop_cpu + (routes["s_per_step"] if routes else 0), 3),
