@@ -4,6 +4,7 @@ off and on, same recipe, seed and steps, and where the engines' time goes.
 
     python bench/async_lab.py [--quick] [--split 6+2] [--staleness 1] [--steps 25]
         [--option pipeline.regen_overlap] [--seeds 0] [--set KEY=VALUE] [--probe] [--save]
+        [--tag NAME]
 
 Each arm reports its steady-state step time (``sim/throughput``: first and last
 regeneration windows left out), engine and trainer busy shares, the engines' mean batch,
@@ -152,7 +153,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE")
     ap.add_argument("--probe", action="store_true", help="attribute engine idle time")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (processes)")
-    ap.add_argument("--save", action="store_true", help="bench/results/async_lab_<option>.json")
+    ap.add_argument("--save", action="store_true",
+                    help="bench/results/async_lab_<option>_s<staleness>[_<tag>].json")  # fmt: skip
+    ap.add_argument("--tag", default="", help="appended to the saved file's name")
     args = ap.parse_args()
     if "=" in args.option or not args.option.startswith("pipeline."):
         refuse(f"--option {args.option!r}: name a boolean pipeline option, e.g. "
@@ -196,7 +199,8 @@ def main() -> None:
             "met": bool(ratios) and min(ratios) > 1.0 and no_worse}},
     }  # fmt: skip
     if args.save:
-        name = f"async_lab_{args.option.split('.')[-1]}_s{args.staleness}.json"
+        tag = f"_{args.tag}" if args.tag else ""
+        name = f"async_lab_{args.option.split('.')[-1]}_s{args.staleness}{tag}.json"
         (ROOT / "bench" / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
 
