@@ -37,6 +37,6 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         "the current window's environments again (counted as pipeline/carried_groups), instead "
         "of admitting no group until the designer's batch is generated and validated; off under "
         "deterministic = true (the rng would be drawn in timing order). 8B games, 6+2 on 8 x "
-        "H100, simulated: ~6% shorter steps at max_staleness 1 and 2, fewer stale drops "
+        "H100, simulated: 5-6% shorter steps at max_staleness 1 and 2, max sample age unchanged "
         "(bench/async_lab.py)",
     ) = True
