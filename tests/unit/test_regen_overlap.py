@@ -114,3 +114,40 @@ async def test_the_engines_play_the_current_window_while_the_next_is_designed(mo
     assert new and played[-len(new) :] == new  # no old-window group after the new window's
     # admission is the staleness bound's in both modes: started <= (steps + 1 + 1) x 2
     assert len(played) <= (3 + 1 + 1) * 2
+
+
+async def test_nothing_left_to_carry_waits_for_the_design_without_empty_rounds(monkeypatch):
+    """Every environment of the current window gone (quarantined, invalid) while the next is
+    designed: the producer waits for the design instead of sending empty rounds, which
+    would end the consumer's steps early."""
+    from spade_async.loop import cycle, schedule_async
+
+    rt, designed, gate, played, fresh_hints = _setup(monkeypatch, True)
+    gone: set[str] = set()
+    monkeypatch.setattr(cycle, "env_refs", lambda rt, ids: [types.SimpleNamespace(env_id=i)
+                                                            for i in ids if i not in gone])  # fmt: skip
+    sh = schedule_async.Shared(1)
+    send, recv = anyio.create_memory_object_stream(64)
+    stop = anyio.Event()
+    got = []
+    async with recv, anyio.create_task_group() as tg:
+        tg.start_soon(schedule_async.producer, rt, sh, send, stop)
+        await anyio.wait_all_tasks_blocked()
+        gone.update({"w0-e0", "w0-e1"})
+        rt.state.version = 1
+        sh.admission.notify(stepped=True)
+        await anyio.wait_all_tasks_blocked()
+        assert designed == [0, 1]
+        while True:  # what reached the stream so far
+            try:
+                got.append(recv.receive_nowait())
+            except anyio.WouldBlock:
+                break
+        assert all(g.env is not None for g in got), "an empty round while the design was pending"
+        gate.set()
+        rt.state.version = 2  # a step: admission lets the new window's groups start
+        sh.admission.notify(stepped=True)
+        await anyio.wait_all_tasks_blocked()
+        stop.set()
+        tg.cancel_scope.cancel()
+    assert played[-1].startswith("w1")  # the new window played once the design was back
