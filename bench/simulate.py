@@ -155,7 +155,7 @@ def at_scale(path: Path, steps: int, extra: list[str], gpu: str = "h100-80gb",
 
 def placement(gpu: str, quick: bool, path: Path = RECIPE_8B, full: bool = True,
               steps: int = 0, stalenesses=(0, 1, 2, 3), splits=None, jobs: int = 1,
-              extra: tuple[str, ...] = (), cap: int = 0, settle: int = 1) -> dict:  # fmt: skip
+              extra: tuple[str, ...] = (), cap: int = 0, settle: int = 2) -> dict:  # fmt: skip
     """``path``'s table on 8 x ``gpu`` in steady state (``sim/throughput.py``); ``full``:
     ``stalenesses``, else the recipe's own. ``steps`` 0: each row until steady, at most
     ``cap`` steps. ``quick``: 4+4 and colocated at max_staleness 1, 9 steps: too short for a
@@ -226,7 +226,7 @@ def main() -> None:
         help="steps per placement run; auto (the default): each row window after window "
         "until steady, at most --cap steps",
     )
-    ap.add_argument("--settle", type=int, default=1,
+    ap.add_argument("--settle", type=int, default=2,
                     help="auto: windows in a row that must each move a row's mean < 2%%")  # fmt: skip
     ap.add_argument("--cap", type=int, default=0,
                     help="auto's most steps a row runs (default: 16 regeneration windows + 1)")  # fmt: skip
@@ -290,7 +290,7 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + (f" --steps {args.steps}" if steps_n else "")
         + (f" --cap {args.cap}" if args.cap else "")
-        + (f" --settle {args.settle}" if args.settle != 1 else "")
+        + (f" --settle {args.settle}" if args.settle != 2 else "")
         + (f" --staleness {args.staleness}" if args.staleness != STALENESS else "")
         + (f" --splits {args.splits}" if args.splits != ",".join(SPLITS) else "")
         + (f" --part {args.part}" if args.part != "all" else "")

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         "--steps",
         type=int,
         default=None,
-        help="simulated steps per run, 1..1000 (default: six regeneration windows + 1)",
+        help="simulated steps per run, 1..1000 (default: each run until steady, <= 65 steps)",
     )
     ap.add_argument("--staleness", default="0,1,2,3", help="max_staleness values (async)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")

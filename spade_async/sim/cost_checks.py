@@ -122,7 +122,7 @@ def read_costs(path: str | Path) -> dict:
 
 # ---- the flags ---------------------------------------------------------------------------
 def steps(value: int | None) -> int:
-    """``--steps``: None (two regeneration windows + 1, as 0 tells ``sweep``) or 1..MAX_STEPS."""
+    """``--steps``: None (0: ``sweep``'s auto, each row until steady) or 1..MAX_STEPS."""
     if value is None:
         return 0
     bound = closed(1, MAX_STEPS)

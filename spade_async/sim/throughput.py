@@ -16,7 +16,7 @@ that mean less than ``STEADY`` (2%) and, for a ratio, moves the ratio less than 
 that is not says so instead of giving a figure.
 
 How long each run is: by default (``steps`` 0, "auto") each row runs window after window
-until it is steady, up to ``cap`` steps (``AUTO_CAP_WINDOWS`` windows), and reports the steps
+until it is steady (its last ``settle`` = 2 windows each moved its mean < 2%), up to ``cap`` steps (``AUTO_CAP_WINDOWS`` windows), and reports the steps
 it used; the check runs at each window's end on the same figures the row then reports (the
 loop is stopped there, as on a signal: the steps before are those of a longer run). Only a
 row that reaches the cap unsettled says ``not steady at N steps``. A fixed ``steps`` runs
@@ -252,7 +252,7 @@ def run_one(path, gpu: str, split: str, schedule: str, staleness: int, steps: in
 
 def sweep(path, gpu: str, *, steps: int = 0, stalenesses=(0, 1, 2, 3), splits=SPLITS,
           extra: list[str] | None = None, costs_file=None, progress=None,
-          jobs: int = 1, cap: int = 0, settle: int = 1) -> list[Row]:  # fmt: skip
+          jobs: int = 1, cap: int = 0, settle: int = 2) -> list[Row]:  # fmt: skip
     """Every split x (sync, async at each staleness); ``steps`` 0: "auto", each row until
     it is steady or ``cap`` steps (0: ``AUTO_CAP_WINDOWS`` regeneration windows and a step);
     ``settle``: windows in a row that must each move a row's mean less than ``STEADY``;
