@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).parents[1] / "bench"
-# gpu_check.py needs CUDA; tests/test_gpu_check.py covers it on CPU.
+# gpu_check.py needs CUDA; tests/test_gpu_check.py covers it on CPU. doc_figures.py is not a
+# bench but the tool that writes saved figures into docs pages (tests/test_throughput_doc.py).
+NOT_BENCHES = {"gpu_check", "doc_figures"}
 SCRIPTS = sorted(
-    p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem != "gpu_check"
+    p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem not in NOT_BENCHES
 )
 
 
