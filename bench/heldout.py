@@ -1,11 +1,12 @@
 """The simulator's held-out validation alone (``spade_async/sim/heldout.py``), and the drift
 that makes it hard: every saved ``bench/pipeline.py`` run's walls predicted from costs not
 measured on what is predicted, and each run's per-phase stage costs beside the CPU probe
-and the load average measured around that phase.
+and the load average measured around that phase; where ``bench/heldout_interleaved.py
+--save`` has run, its rounds too (``interleaved``), and the targets' ``met`` reads those.
 
     python bench/heldout.py [--quick] [--save]
 
-No workload runs: it reads ``bench/results/pipeline*.json`` (``RUNS``) and simulates
+No workload runs: it reads ``bench/results/pipeline*.json`` (``RUNS``, ``INTERLEAVED``) and simulates
 (``--quick`` is accepted and changes nothing). ``--save`` writes
 ``bench/results/pipeline_heldout.json``. The last line printed is one JSON object: hardware,
 the command, the table, the drift, and each target with measured and met.
@@ -67,6 +68,22 @@ def drift(saved: dict) -> dict | None:
     return out
 
 
+def interleaved(rows: list[dict]) -> dict | None:
+    """The interleaved bench's saved run, its rows' errors per round (mean, max) and the
+    load around them; None where it is not saved."""
+    from spade_async.sim.heldout import INTERLEAVED, load_run
+    from spade_async.sim.interleaved import interleaved_summary
+
+    mine = [r for r in rows if r.get("interleaved")]
+    if not mine:
+        return None
+    saved = load_run(ROOT, INTERLEAVED)
+    return {"file": f"bench/results/{INTERLEAVED}.json", "command": saved["command"],
+            "rounds": saved["rounds"], "phase_steps": saved["phase_steps"],
+            "load_avg_1m_range": saved["load_avg_1m_range"],
+            "summary": interleaved_summary(mine)}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,9 +120,12 @@ def main() -> None:
                      "controller_cpu_s_per_step_sync": round(d["sync"]["controller_cpu_s"]
                                                              / d["sync"]["steps"], 3),
                      "probe": d["hardware"].get("probe")} for n, d in runs.items()},
-        "table": format_heldout(rows),
+        # the separate runs (the interleaved bench's rows: its own JSON's table)
+        "table": format_heldout([r for r in rows if not r.get("interleaved")]),
         "heldout": rows,
         "drift": {n: drift(d) for n, d in runs.items()},
+        # bench/heldout_interleaved.py --save, where saved: what the targets' met reads
+        "interleaved": interleaved(rows),
         "targets": heldout_targets(rows),
     }  # fmt: skip
     emit(out, "pipeline_heldout", args.save)

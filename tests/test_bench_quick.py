@@ -28,6 +28,7 @@ def test_every_bench_script_is_listed():
         "generation",
         "eval",
         "heldout",
+        "heldout_interleaved",
         "interop",
         "logprob",
         "lora_push",
