@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "docs" / "throughput.md", ROOT / "docs" / "throughput-validation.md"]
+DOCS = [
+    ROOT / "docs" / n
+    for n in ("throughput.md", "throughput-validation.md", "heldout-interleaved.md")
+]
 REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\s*<!--)")
