@@ -127,14 +127,20 @@ class Worker:
         self.proc.stdin.flush()
         return self.answer()
 
-    def close(self) -> None:
+    def ask_exit(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write("exit\n")
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=120)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 self.proc.kill()
+
+    def close(self) -> None:
+        self.ask_exit()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def run(quick: bool, rounds: int, phase_steps: int) -> dict:
@@ -154,6 +160,8 @@ def run(quick: bool, rounds: int, phase_steps: int) -> dict:
                                "load_avg_1m": [round(before, 2),
                                                round(os.getloadavg()[0], 2)]})  # fmt: skip
     finally:
+        for k in workers.values():  # both wind down at once
+            k.ask_exit()
         for k in workers.values():
             k.close()
         shutil.rmtree(logs, ignore_errors=True)
