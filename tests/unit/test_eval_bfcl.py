@@ -181,7 +181,7 @@ def test_prompt_equals_the_qwen_fc_handler(entries):
     assert lib.qwen_fc_format(history, []) == REF.handler._format_prompt(history, [])
 
 
-def test_native_qwen3_template_gives_the_handler_prompt(entries):
+def test_native_qwen3_template_gives_the_handler_prompt(entries, monkeypatch):
     """A Qwen3 tokenizer (its chat template: the handler's docstring) renders BFCL's tools to
     the same prompt the handler sends: the engine path of the suite."""
     import inspect
@@ -190,6 +190,7 @@ def test_native_qwen3_template_gives_the_handler_prompt(entries):
     from transformers import PreTrainedTokenizerFast
 
     from spade_async.eval.engine import ClientGenerator
+    from spade_async.generation import chat
 
     source = Path(inspect.getsourcefile(type(REF.handler))).read_text()  # the docstring unescaped
     template = source.split('"chat_template":', 1)[1].split('"""', 1)[0].strip()
@@ -200,18 +201,16 @@ def test_native_qwen3_template_gives_the_handler_prompt(entries):
     e = entries["simple_python_0"]
     gen = ClientGenerator(None, tok)
     seen = []
-    tok_call = tok.__class__.__call__
+    real = chat._encode  # the text a prompt is encoded from (chat.render_prompt's one path)
 
-    def spy(self, text, **kw):
+    def spy(tokenizer, text):
         seen.append(text)
-        return tok_call(self, text, **kw)
+        return real(tokenizer, text)
 
-    tok.__class__.__call__ = spy
-    try:
-        gen._with_tools(e["question"][0], e["function"])
-    finally:
-        tok.__class__.__call__ = tok_call
+    monkeypatch.setattr(chat, "_encode", spy)
+    ids = gen._with_tools(e["question"][0], e["function"])
     assert seen == [REF.handler._format_prompt(e["question"][0], e["function"])]
+    assert ids == list(tok(seen[0], add_special_tokens=False).input_ids)
 
 
 def test_overall_equals_bfcl_leaderboard_arithmetic(tmp_path):
@@ -378,7 +377,9 @@ def test_hostile_calls_run_only_in_the_sandbox(tmp_path):
         async with contextlib.AsyncExitStack() as stack:
             pools = await open_episode_pools([suite], stack)
             for name, fn in hostile.items():
-                ctx = Context(Script([[call(fn)], *GOLD_0[1:]]), None, None, None, episode_pools=pools)
+                ctx = Context(
+                    Script([[call(fn)], *GOLD_0[1:]]), None, None, None, episode_pools=pools
+                )
                 out[name] = await suite.play(item, 0, suite.sampling, ctx)
 
     anyio.run(main)
