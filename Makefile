@@ -56,7 +56,7 @@ NUMERICS := tests/kernels tests/unit/test_trainer_packing.py tests/unit/test_tra
 	tests/unit/test_generation_lora.py tests/unit/test_trainer_moe.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -p no:cacheprovider $(NUMERICS)
 
 test-slow: $(STAMP)
