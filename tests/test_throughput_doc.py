@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,21 +21,8 @@ DOCS = [
 REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\s*<!--)")
-
-
-def resolve(data, path: str):
-    """``a.b.0.c`` keys and indices; ``rows[split=4+4,schedule=async].x``: the one item of a
-    list whose fields match."""
-    for part in re.findall(r"[^.\[\]]+(?:\[[^\]]*\])?", path):
-        m = re.fullmatch(r"([^\[]+)(?:\[([^\]]*)\])?", part)
-        key, sel = m.group(1), m.group(2)
-        data = data[int(key)] if isinstance(data, list) else data[key]
-        if sel:
-            want = dict(kv.split("=", 1) for kv in sel.split(","))
-            hits = [r for r in data if all(str(r.get(k)) == v for k, v in want.items())]
-            assert len(hits) == 1, f"{path}: {len(hits)} items match [{sel}]"
-            data = hits[0]
-    return data
+sys.path.insert(0, str(ROOT / "bench"))
+from doc_figures import resolve  # noqa: E402  (the one reader of a cited path, bench's own)
 
 
 def cited(text: str) -> list[tuple[str, str, str, str]]:
@@ -86,9 +74,6 @@ def test_a_figure_that_disagrees_is_found(tmp_path):
 def test_doc_figures_rewrites_the_cited_figures_and_nothing_else(tmp_path):
     """bench/doc_figures.py: a rerun's values in place of the old figures (their decimals,
     sign, commas and unit kept), cited blocks replaced whole, the prose untouched."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "bench"))
     from doc_figures import refresh
 
     (tmp_path / "r.json").write_text(json.dumps(
