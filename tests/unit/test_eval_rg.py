@@ -206,7 +206,9 @@ def _episodes(rows, params, answers, *, concurrent=True) -> list[float]:
 
 
 # 100 sandboxed episodes, each booting its task's packages: ~65 s on a quiet 2-core VM, over
-# 120 s (the suite's hang guard) on a contended one; the timeout guards hangs, not speed
+# 120 s (the suite's hang guard) on a contended one; the timeout guards hangs, not speed.
+# Slow (make test-slow): the default suite keeps test_gold_wins_and_wrong_loses_on_each_rg_bucket.
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_gold_answers_win_episode_zero_of_every_hard_task_but_two():
     """All 100 tasks, episode 0, played as the suite plays them: only ``rush_hour`` (no
