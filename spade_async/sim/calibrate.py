@@ -39,9 +39,8 @@ __all__ = [
     "load_speed",
     "slowdown",
     "contention",
-    "with_trainer_factor",
     "engine_contention",
-    "with_engine_factor",
+    "with_factor",
     "ROW_SLOPE_S",
 ]
 
@@ -232,23 +231,19 @@ def engine_contention(saved: str | Path | dict) -> float:
     )
 
 
-def with_trainer_factor(costs: Costs, factor: float, why: str) -> Costs:
-    """``costs`` with every trainer second (training and push) scaled by ``factor``."""
-    return replace(
-        costs,
-        name=f"{costs.name}, trainer x{factor:.3f} ({why})",
-        train_fixed_s=costs.train_fixed_s * factor,
-        push_s=costs.push_s * factor,
-        notes={**costs.notes, "trainer_factor": factor, "trainer_factor_source": why},
-    )
+# the Costs fields each stage's seconds are in
+_STAGE_FIELDS = {
+    "engine": ("iter_fixed_s", "iter_per_seq_s"),
+    "trainer": ("train_fixed_s", "push_s"),
+}
 
 
-def with_engine_factor(costs: Costs, factor: float, why: str) -> Costs:
-    """``costs`` with every engine second scaled by ``factor`` (``why``: its source)."""
+def with_factor(costs: Costs, stage: str, factor: float, why: str) -> Costs:
+    """``costs`` with every ``stage`` second (engine: decoding; trainer: training and push)
+    scaled by ``factor`` (``why``: its source)."""
     return replace(
         costs,
-        name=f"{costs.name}, engine x{factor:.3f} ({why})",
-        iter_fixed_s=costs.iter_fixed_s * factor,
-        iter_per_seq_s=costs.iter_per_seq_s * factor,
-        notes={**costs.notes, "engine_factor": factor, "engine_factor_source": why},
+        name=f"{costs.name}, {stage} x{factor:.3f} ({why})",
+        **{f: getattr(costs, f) * factor for f in _STAGE_FIELDS[stage]},
+        notes={**costs.notes, f"{stage}_factor": factor, f"{stage}_factor_source": why},
     )

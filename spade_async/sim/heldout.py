@@ -42,8 +42,7 @@ from spade_async.sim.calibrate import (
     probe_speed,
     run_speed,
     transfer,
-    with_engine_factor,
-    with_trainer_factor,
+    with_factor,
 )
 
 __all__ = ["RUNS", "INTERLEAVED", "load_run", "predict_wall", "predict_phases", "async_costs", "cross_costs",
@@ -137,7 +136,7 @@ def cross_costs(s: dict, t: dict, src: str) -> dict[str, dict[str, list]]:
     factor = engine_contention(s)  # the source's own: the target's async arm held out
 
     def arm_costs(arm: str, c):
-        return c if arm == "sync" else with_engine_factor(c, factor, f"{src} run")
+        return c if arm == "sync" else with_factor(c, "engine", factor, f"{src} run")
 
     out: dict[str, dict[str, list]] = {}
     for kind, sp in (("cross_workload", 1.0), ("cross_workload+speed", run_speed(s, t))):
@@ -156,8 +155,8 @@ def cross_costs(s: dict, t: dict, src: str) -> dict[str, dict[str, list]]:
         def loaded(arm: str, c):
             if arm == "sync":
                 return c
-            c = with_engine_factor(c, ce, f"{src} run, its load out")
-            return with_trainer_factor(c, ct, f"{src} run, its load out")
+            c = with_factor(c, "engine", ce, f"{src} run, its load out")
+            return with_factor(c, "trainer", ct, f"{src} run, its load out")
 
         out["cross_workload+load"] = {
             arm: [loaded(arm, transfer(base, s, t, load_speed(s, t, arm, i)))
@@ -200,7 +199,7 @@ def async_costs(runs: dict[str, dict], name: str) -> dict:
     # the quiet runs' (no load recorded): a loaded run's raw slowdown is mostly its load's
     others = [engine_contention(runs[o]) for o in runs if o != name and not _probed(runs[o])]
     factor = sum(others) / len(others)
-    held = with_engine_factor(sync_only, factor, "async/sync engine slowdown, other runs")
+    held = with_factor(sync_only, "engine", factor, "async/sync engine slowdown, other runs")
     out = {"sync_to_async": [sync_only], "sync_to_async+contention": [held], "factor": factor}
     probed = [o for o in runs if o != name and _probed(runs[o])]
     if _probed(runs[name]) and probed:  # + the load per async phase, contention load-free
@@ -209,8 +208,9 @@ def async_costs(runs: dict[str, dict], name: str) -> dict:
         ct = sum(contention(runs[o], "trainer", by_load=True) for o in probed) / len(probed)
         why = f"async/sync slowdown, load out, {'+'.join(probed)}"
         out["sync_to_async+load"] = [
-            with_trainer_factor(with_engine_factor(
-                transfer(sync_only, d, d, load_speed(d, d, "async", i)), ce, why), ct, why)
+            with_factor(with_factor(
+                transfer(sync_only, d, d, load_speed(d, d, "async", i)), "engine", ce, why),
+                "trainer", ct, why)
             for i in range(d["async"]["phases"])
         ]  # fmt: skip
     return out
