@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?(\s*)<!-- ([\w.]+\.json):(\S+) -->")
+REF = re.compile(r"(True|False|[+-]?[\d,]*\.?\d+)(x|%| s)?(\s*)<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
 
 
@@ -47,7 +47,12 @@ def resolve(data, path: str):
 
 def shown(old: str, unit: str, value) -> str:
     """``value`` written as ``old`` was: its decimals, a leading + if it had one, thousands
-    commas if it had them; a ``%`` figure is the value x 100."""
+    commas if it had them; a ``%`` figure is the value x 100. A ``True``/``False`` figure
+    (a target's ``met``) cites a boolean."""
+    if old in ("True", "False"):
+        if not isinstance(value, bool):
+            raise TypeError(f"a True/False figure cites a {type(value).__name__}: {value!r}")
+        return str(value)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"a figure cites a {type(value).__name__}, not a number: {value!r}")
     v = float(value) * (100 if unit == "%" else 1)

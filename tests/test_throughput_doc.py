@@ -18,7 +18,7 @@ DOCS = [
     ROOT / "docs" / n
     for n in ("throughput.md", "throughput-validation.md", "heldout-interleaved.md")
 ]
-REF = re.compile(r"([+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
+REF = re.compile(r"(True|False|[+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\s*<!--)")
 sys.path.insert(0, str(ROOT / "bench"))
@@ -40,6 +40,10 @@ def check(text: str, results: Path) -> list[str]:
     bad += [f"{m.group(0)}: a ratio with no saved result cited" for m in RATIO.finditer(text)]
     for figure, unit, name, path in cited(text):
         value = resolve(json.loads((results / name).read_text()), path)
+        if figure in ("True", "False"):  # a target's met: the saved boolean
+            if not isinstance(value, bool) or str(value) != figure:
+                bad.append(f"{figure} cites {name}:{path} = {value!r}")
+            continue
         shown = float(figure.replace(",", ""))
         if unit == "%":
             value = value * 100
@@ -63,6 +67,10 @@ def test_a_figure_that_disagrees_is_found(tmp_path):
     assert check("2.10x <!-- r.json:a.rows[k=x].v -->", tmp_path)
     assert check("206.1% <!-- r.json:a.rows[k=x].v -->", tmp_path) == []
     assert check("a bare 2.06x here", tmp_path)
+    (tmp_path / "m.json").write_text(json.dumps({"t": {"met": False, "v": 0.0}}))
+    assert check("False <!-- m.json:t.met -->", tmp_path) == []
+    assert check("True <!-- m.json:t.met -->", tmp_path)
+    assert check("False <!-- m.json:t.v -->", tmp_path)  # a number is not a boolean
     block = "```text r.json:t\nA 1.50x\n```"
     (tmp_path / "r.json").write_text(json.dumps({"t": "A 1.50x", "a": {}}))
     assert check(block, tmp_path) == []
