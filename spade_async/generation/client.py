@@ -37,6 +37,7 @@ from spade_async.generation.engine_errors import (
     decode_reply,
     raise_all,
 )
+from spade_async.generation.light_http import send
 from spade_async.generation.protocol import (
     ContinueGenerationReqInput,
     GenerateOutput,
@@ -483,13 +484,8 @@ class GenerationClient(WeightRoutes):
             if url in self._held and path == routes.GENERATE.path:
                 raise _Held(url)  # never generate on a held engine, not even as a retry
             try:
-                with anyio.fail_after(cfg.request_timeout_s):
-                    resp = await self._http.request(
-                        method,
-                        self._target(url, path),
-                        content=data,
-                        headers={"content-type": "application/json"} if data is not None else None,
-                    )
+                with anyio.fail_after(cfg.request_timeout_s):  # light_http: past httpx's layers
+                    resp = await send(self._http, method, self._target(url, path), data)
             except TimeoutError:
                 last = f"no reply within {cfg.request_timeout_s:.0f} s"
                 continue
