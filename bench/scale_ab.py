@@ -11,7 +11,7 @@ load moves between them). Each run
 reports its loop CPU a step and the real tokenizer's CPU by kind and caller (hooks on
 ``sim/parts.RealTokenizerInPath``, the same in both trees), ``--rounds`` times.
 
-    python bench/scale_ab.py BASE COMMIT [COMMIT ...] [--steps 2] [--rounds 2] [--quick] [--save]
+    python bench/scale_ab.py BASE COMMIT [COMMIT ...] [--steps 2] [--rounds 2] [--quick] [--save] [--name NAME]
 
 --quick: one round of one step. The last line printed is one JSON object: hardware, the
 command, each round's two runs and its loop CPU a step after over before, and the target
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -99,7 +100,11 @@ def main() -> None:
     ap.add_argument(
         "--save", action="store_true", help="write bench/results/simulate_scale_ab.json"
     )
+    ap.add_argument("--name", default="simulate_scale_ab",
+                    help="--save writes bench/results/NAME.json (another change: another name)")  # fmt: skip
     args = ap.parse_args()
+    if not re.fullmatch(r"[\w-]+", args.name):
+        sys.exit(f"--name {args.name!r}: letters, digits, _ and - only (a file in bench/results)")
     steps, rounds = (1, 1) if args.quick else (args.steps, args.rounds)
     shas = []
     for ref in [args.base, *args.commits]:
@@ -132,7 +137,8 @@ def main() -> None:
         "bench": "scale_ab",
         "command": f"python bench/scale_ab.py {' '.join(shas)}"
         + (" --quick" if args.quick else f" --steps {steps} --rounds {rounds}")
-        + (" --save" if args.save else ""),
+        + (" --save" if args.save else "")
+        + (f" --name {args.name}" if args.name != "simulate_scale_ab" else ""),
         "hardware": machine(),
         "base": shas[0],
         "applied": shas[1:],
@@ -146,7 +152,7 @@ def main() -> None:
         },
     }
     if args.save:
-        (ROOT / "bench" / "results" / "simulate_scale_ab.json").write_text(
+        (ROOT / "bench" / "results" / f"{args.name}.json").write_text(
             json.dumps(out, indent=2) + "\n"
         )
     print(json.dumps(out))
