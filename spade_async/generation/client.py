@@ -555,7 +555,7 @@ def _result(
     lps = meta.output_token_logprobs or []
     return GenerateResult(
         output_ids=list(out.output_ids),
-        logprobs=[float(lp[0]) for lp in lps],
+        logprobs=[lp[0] for lp in lps],  # floats: protocol.MetaInfo declares them
         finish_reason=finish.type if finish is not None else "abort",
         matched=finish.matched if finish is not None else None,
         text=out.text,

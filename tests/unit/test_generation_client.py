@@ -195,6 +195,7 @@ def test_request_bodies_follow_sglang_io_struct():
     finally:
         stop()
     assert res.output_ids == [7] and res.matched == 7 and res.finish_reason == "stop"
+    assert res.logprobs == [-0.5] and type(res.logprobs[0]) is float
     assert v_dist == {url: "v2"}
     assert seen["/generate"] == {
         "input_ids": [1, 2], "return_logprob": True,
