@@ -16,7 +16,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
     ROOT / "docs" / n
-    for n in ("throughput.md", "throughput-validation.md", "heldout-interleaved.md")
+    for n in (
+        "throughput.md",
+        "throughput-validation.md",
+        "heldout-interleaved.md",
+        "controller-cpu.md",
+    )
 ]
 REF = re.compile(r"(True|False|[+-]?[\d,]*\.?\d+)(x|%| s)?\s*<!-- ([\w.]+\.json):(\S+) -->")
 BLOCK = re.compile(r"```text ([\w.]+\.json):(\S+)\n(.*?)```", re.DOTALL)

@@ -15,6 +15,7 @@ import pytest
 from spade_async.generation.light_http import send
 
 SEEN: list[dict] = []
+RELEASE = threading.Event()  # lets the slow handler go once its client has timed out
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -26,7 +27,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n)
         SEEN.append({"path": self.path, "headers": dict(self.headers), "body": body})
         if self.path == "/slow":
-            threading.Event().wait(2.0)
+            RELEASE.wait(10.0)
         status = 500 if self.path == "/fail" else 200
         out = json.dumps({"echo": body.decode(), "path": self.path}).encode()
         self.send_response(status)
@@ -34,7 +35,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("set-cookie", "session=abc; Path=/")
         self.send_header("content-length", str(len(out)))
         self.end_headers()
-        self.wfile.write(out)
+        try:
+            self.wfile.write(out)
+        except OSError:  # the client gave up (the timeout test): nothing to answer
+            pass
 
     def do_GET(self) -> None:
         SEEN.append({"path": self.path, "headers": dict(self.headers), "body": b""})
@@ -44,13 +48,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
 
+class Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """Quiet: the standard one prints a traceback to whatever stderr is then captured."""
+
+
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv = Server(("127.0.0.1", 0), Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
+    RELEASE.set()
     srv.shutdown()
+    srv.server_close()
 
 
 def test_same_reply_as_the_client_request_and_no_cookie_kept(server):
@@ -94,6 +105,7 @@ def test_the_clients_timeout_and_transport_errors(server):
         async with httpx.AsyncClient(timeout=httpx.Timeout(0.3)) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await send(client, "POST", httpx.URL(server + "/slow"), b"{}")
+        RELEASE.set()
         async with httpx.AsyncClient(timeout=2.0) as client:
             with pytest.raises(httpx.ConnectError):  # nothing listens on port 9 here
                 await send(client, "POST", httpx.URL("http://127.0.0.1:9/generate"), b"{}")
