@@ -214,7 +214,7 @@ def main() -> None:
             refuse(f"--{key.replace('_', '-')} {v}: must be a positive number")
         size[key] = v or size[key]
     from spade_async.sim.heldout import format_heldout, heldout_targets
-    from spade_async.sim.interleaved import interleaved_rows, interleaved_summary
+    from spade_async.sim.interleaved import env_diagnosis, interleaved_rows, interleaved_summary
 
     t0 = time.perf_counter()
     name = "pipeline_interleaved" + ("_quick" if args.quick else "")
@@ -250,6 +250,8 @@ def main() -> None:
         "heldout": rows,
         "summary": summary,
         "spread": spread(saved),
+        # why cross-workload's sync rows miss: the carried environment overhead (in sample)
+        "env_diagnosis": env_diagnosis(ROOT, saved),
         # met from the whole run (every round pooled), each round's errors beside it
         "targets": heldout_targets(rows),
     }  # fmt: skip

@@ -29,7 +29,14 @@ from pathlib import Path
 
 from spade_async.sim.heldout import async_costs, cross_costs, predict_wall
 
-__all__ = ["pseudo_run", "interleaved_costs", "interleaved_rows", "interleaved_summary", "KINDS"]
+__all__ = [
+    "pseudo_run",
+    "interleaved_costs",
+    "interleaved_rows",
+    "interleaved_summary",
+    "env_diagnosis",
+    "KINDS",
+]
 
 KINDS = ("sync_to_async", "sync_to_async+contention", "cross_workload")
 
@@ -166,4 +173,38 @@ def interleaved_summary(rows: list[dict]) -> dict:
             "mean_abs": round(statistics.fmean(errs), 3),
             "max_abs": round(max(errs), 3),
         }  # fmt: skip
+    return out
+
+
+def env_diagnosis(root: Path, saved: dict) -> list[dict]:
+    """Why a pooled cross-workload sync row misses (a diagnosis, not a prediction: it uses
+    the target's own environment cost, in sample). ``calibrate.cpu_costs`` takes the
+    environment step from the pool's busy span per turn, and ``transfer`` carries the
+    source's span less its sleep as a per-call overhead; where the source's calls sleep, the
+    span also holds the spread of the plays' generation ends, which a workload without sleep
+    does not pay. Per pair: the carried overhead, the target's own, and the target's sync
+    wall with each."""
+    from dataclasses import replace
+
+    from spade_async.sim.calibrate import cpu_costs
+
+    names = list(saved["workloads"])
+    every = list(range(saved["rounds"]))
+    out = []
+    for w in names:
+        target = pseudo_run(saved, w, every, every)
+        own = cpu_costs(target, ("sync",)).notes["env_overhead_s"]
+        for o in (n for n in names if n != w):
+            carried = cross_costs(pseudo_run(saved, o, every, every), target, o)
+            costs = carried["cross_workload"]["sync"][0]
+            as_own = replace(
+                costs, env_step_s=costs.env_step_s - costs.notes["env_overhead_s"] + own
+            )
+            out.append({
+                "workload": w, "source": o, "arm": "sync",
+                "env_overhead_carried_s": round(costs.notes["env_overhead_s"], 4),
+                "env_overhead_own_s": round(own, 4),
+                "error_carried": predict_wall(root, target, costs, "sync")["error"],
+                "error_with_own_env_overhead": predict_wall(root, target, as_own, "sync")["error"],
+            })  # fmt: skip
     return out

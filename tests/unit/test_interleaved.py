@@ -130,3 +130,35 @@ def test_quick_prints_one_json_object_with_targets():
         t = got["targets"][name]
         assert t["met"] == (t["measured"]["out_of_sample"] <= limit)
     assert {r["kind"] for r in got["heldout"]} == set(got["summary"])
+
+
+def test_env_diagnosis_reads_each_workloads_own_env_span(saved):
+    """``env_diagnosis``: the carried overhead is the source's env busy span a turn less its
+    sleep, the own one the target's; putting the target's own in makes the carried row's
+    costs the target's own environment, so two workloads of equal overhead would agree."""
+    from spade_async.sim.interleaved import env_diagnosis
+
+    def span(w: str) -> float:
+        ph = [p for p in saved["phases"] if p["workload"] == w and p["schedule"] == "sync"]
+        meta = saved["workloads"][w]
+        per_turn = sum(p["busy_s"]["env_pool"] for p in ph) / sum(p["steps"] for p in ph)
+        return max(0.0, per_turn / meta["turns"] - meta["env_step_sleep_s"])
+
+    rows = {r["workload"]: r for r in env_diagnosis(ROOT, saved)}
+    assert set(rows) == set(saved["workloads"])
+    for w, r in rows.items():
+        (o,) = [n for n in saved["workloads"] if n != w]
+        assert r["source"] == o
+        assert r["env_overhead_own_s"] == pytest.approx(span(w), abs=1e-4)
+        assert r["env_overhead_carried_s"] == pytest.approx(span(o), abs=1e-4)
+    # one workload's env span set to the other's: the carried overhead equals the own, and so
+    # do the two errors (the diagnosis changes nothing where there is nothing to explain)
+    same = copy.deepcopy(saved)
+    a, b = list(saved["workloads"])
+    for p in same["phases"]:
+        if p["workload"] == a and p["schedule"] == "sync":
+            sleep_a, turns = same["workloads"][a]["env_step_sleep_s"], same["workloads"][a]["turns"]
+            p["busy_s"]["env_pool"] = (span(b) + sleep_a) * turns * p["steps"]
+    r = {x["workload"]: x for x in env_diagnosis(ROOT, same)}[b]
+    assert r["env_overhead_carried_s"] == pytest.approx(r["env_overhead_own_s"], abs=1e-4)
+    assert r["error_carried"] == r["error_with_own_env_overhead"]
