@@ -4,8 +4,8 @@
 params), runs the auth and redirect flows, and extracts cookies from every reply through
 ``http.cookiejar`` (a ``urllib`` request and response built for each). An SGLang engine
 sets no cookie, needs no auth and never redirects, and the generation client sends ~5,000
-requests a step at the paper's scale: those layers were about two thirds of httpx's CPU a
-request (``bench/scale_ab.py``; ~70 us against ~23 us on a mock transport here).
+requests a step at the paper's scale: without those layers the controller's loop CPU fell
+to x0.75-0.87 (``bench/results/simulate_scale_ab_http.json``, ``docs/controller-cpu.md``).
 
 ``send`` builds the ``httpx.Request`` itself and hands it to the transport the client would
 pick for that URL (its mounts and proxy settings kept), with the client's timeouts, reads

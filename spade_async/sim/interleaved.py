@@ -99,22 +99,9 @@ def interleaved_costs(saved: dict) -> list[tuple[dict, object, dict]]:
             if not others:  # one round: the other workload's, still not the predicted phase
                 o = next(n for n in names if n != w)
                 others = {f"{o}_r{r}": pseudo_run(saved, o, [r], [r])}
-            held = async_costs({"target": target, **others}, "target")
-            factor = held.pop("factor")
-            for kind in ("sync_to_async", "sync_to_async+contention"):
-                said = f"; engine x{factor:.3f} from {sorted(others)}" if "+" in kind else ""
-                out.append(({"kind": kind, "arm": "async", **common,
-                             "costs_from": f"{w} sync phases, rounds {adj}{said}"},
-                            held[kind][0], target))  # fmt: skip
             dst = pseudo_run(saved, w, [r], [r])
-            for o in names:
-                if o == w:
-                    continue
-                src = pseudo_run(saved, o, adj, adj)
-                for arm, costs in cross_costs(src, dst, o)["cross_workload"].items():
-                    out.append(({"kind": "cross_workload", "arm": arm, **common, "source": o,
-                                 "costs_from": f"{o} sync phases, rounds {adj}"},
-                                costs[0], dst))  # fmt: skip
+            sources = {o: pseudo_run(saved, o, adj, adj) for o in names if o != w}
+            out += _predictions(common, w, target, others, dst, sources, f"rounds {adj}")
     out += _pooled(saved, names, list(range(rounds)))
     return out
 
@@ -131,18 +118,27 @@ def _pooled(saved: dict, names: list[str], every: list[int]) -> list[tuple[dict,
                   "load_avg_1m": [min(load), max(load)]}  # fmt: skip
         target = pseudo_run(saved, w, every, every)
         others = {o: pseudo_run(saved, o, every, every) for o in names if o != w}
-        held = async_costs({"target": target, **others}, "target")
-        factor = held.pop("factor")
-        for kind in ("sync_to_async", "sync_to_async+contention"):
-            said = f"; engine x{factor:.3f} from {sorted(others)}" if "+" in kind else ""
-            out.append(({"kind": kind, "arm": "async", **common,
-                         "costs_from": f"{w} sync phases, every round{said}"},
-                        held[kind][0], target))  # fmt: skip
-        for o, src in others.items():
-            for arm, costs in cross_costs(src, target, o)["cross_workload"].items():
-                out.append(({"kind": "cross_workload", "arm": arm, **common, "source": o,
-                             "costs_from": f"{o} sync phases, every round"},
-                            costs[0], target))  # fmt: skip
+        out += _predictions(common, w, target, others, target, others, "every round")
+    return out
+
+
+def _predictions(common: dict, w: str, target: dict, others: dict, dst: dict, sources: dict,
+                 where: str) -> list[tuple[dict, object, dict]]:  # fmt: skip
+    """``w``'s async arm of ``target`` from its sync arm (``+contention``: the engine slowdown
+    of ``others``), and ``dst``'s arms from each of ``sources``' sync arms."""
+    held = async_costs({"target": target, **others}, "target")
+    factor = held.pop("factor")
+    out = []
+    for kind in ("sync_to_async", "sync_to_async+contention"):
+        said = f"; engine x{factor:.3f} from {sorted(others)}" if "+" in kind else ""
+        out.append(({"kind": kind, "arm": "async", **common,
+                     "costs_from": f"{w} sync phases, {where}{said}"},
+                    held[kind][0], target))  # fmt: skip
+    for o, src in sources.items():
+        for arm, costs in cross_costs(src, dst, o)["cross_workload"].items():
+            out.append(({"kind": "cross_workload", "arm": arm, **common, "source": o,
+                         "costs_from": f"{o} sync phases, {where}"},
+                        costs[0], dst))  # fmt: skip
     return out
 
 
